@@ -1,0 +1,159 @@
+package wire
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+)
+
+// Frame types and limits of AMQP 0-9-1 (spec 4.2.3).
+const (
+	FrameMethod    = 1
+	FrameHeader    = 2
+	FrameBody      = 3
+	FrameHeartbeat = 8
+	FrameEnd       = 0xCE
+
+	// FrameHeaderSize is type (1) + channel (2) + size (4).
+	FrameHeaderSize = 7
+	// FrameOverhead is the header plus the frame-end octet: a frame of
+	// frame_max bytes carries frame_max - FrameOverhead bytes of payload.
+	FrameOverhead = FrameHeaderSize + 1
+	// FrameMinSize is the smallest frame_max a peer may negotiate.
+	FrameMinSize = 4096
+)
+
+// ProtocolHeader is what an AMQP 0-9-1 client sends first, and what a server
+// answers with before closing when the header it got is wrong.
+var ProtocolHeader = [8]byte{'A', 'M', 'Q', 'P', 0, 0, 9, 1}
+
+// Frame is one AMQP frame:
+//
+//	 0      1         3             7                  7+size
+//	+------+---------+-------------+------------------+------+
+//	| type | channel | size (BE32) | payload          | 0xCE |
+//	+------+---------+-------------+------------------+------+
+//
+// Payload is only valid until the next ReadFrame on the Reader that made it.
+type Frame struct {
+	Type    uint8
+	Channel uint16
+	Payload []byte
+}
+
+// Reader reads frames, refusing any frame larger than its limit before
+// allocating for it.
+type Reader struct {
+	r        *bufio.Reader
+	maxFrame uint32 // whole frame including overhead; 0 means no limit beyond 2^32
+	buf      []byte
+}
+
+// NewReader returns a Reader that refuses frames larger than maxFrame bytes
+// (header and frame-end included).
+func NewReader(r io.Reader, maxFrame uint32) *Reader {
+	return &Reader{r: bufio.NewReaderSize(r, 64<<10), maxFrame: maxFrame}
+}
+
+// SetMaxFrame changes the limit, for example once tune-ok has been read.
+func (r *Reader) SetMaxFrame(n uint32) { r.maxFrame = n }
+
+// Buffered is the bufio.Reader underneath, for the protocol header.
+func (r *Reader) Buffered() *bufio.Reader { return r.r }
+
+// ReadFrame reads the next frame. Errors that break the protocol are *Error
+// with code FrameError; I/O errors are returned as they are.
+func (r *Reader) ReadFrame() (Frame, error) {
+	hdr, err := r.r.Peek(FrameHeaderSize)
+	if err != nil {
+		if err == io.EOF && len(hdr) > 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, err
+	}
+	f := Frame{Type: hdr[0], Channel: binary.BigEndian.Uint16(hdr[1:3])}
+	size := binary.BigEndian.Uint32(hdr[3:7])
+	if r.maxFrame != 0 && uint64(size)+FrameOverhead > uint64(r.maxFrame) {
+		return Frame{}, NewError(FrameError, fmt.Sprintf("frame size %d exceeds frame_max %d", uint64(size)+FrameOverhead, r.maxFrame))
+	}
+	switch f.Type {
+	case FrameMethod, FrameHeader, FrameBody, FrameHeartbeat:
+	default:
+		return Frame{}, NewError(FrameError, fmt.Sprintf("unknown frame type %d", f.Type))
+	}
+	if _, err := r.r.Discard(FrameHeaderSize); err != nil {
+		return Frame{}, err
+	}
+	n := int(size) + 1
+	if cap(r.buf) < n {
+		r.buf = make([]byte, n)
+	}
+	b := r.buf[:n]
+	if _, err := io.ReadFull(r.r, b); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, err
+	}
+	if b[size] != FrameEnd {
+		return Frame{}, NewError(FrameError, fmt.Sprintf("bad frame end octet 0x%02x", b[size]))
+	}
+	f.Payload = b[:size]
+	return f, nil
+}
+
+// ReadProtocolHeader reads the 8-byte protocol header a client sends first.
+// A wrong header gives ErrBadProtocolHeader; the caller answers with
+// ProtocolHeader and closes.
+func ReadProtocolHeader(r io.Reader) error {
+	var h [8]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return err
+	}
+	if h != ProtocolHeader {
+		return ErrBadProtocolHeader
+	}
+	return nil
+}
+
+// AppendFrame appends f, with its header and frame-end octet, to dst.
+func AppendFrame(dst []byte, f Frame) []byte {
+	dst = append(dst, f.Type, byte(f.Channel>>8), byte(f.Channel))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(f.Payload)))
+	dst = append(dst, f.Payload...)
+	return append(dst, FrameEnd)
+}
+
+// Writer buffers frames for one connection. It is not safe for concurrent
+// use: one writer goroutine owns it.
+type Writer struct {
+	w *bufio.Writer
+}
+
+// NewWriter returns a Writer over w.
+func NewWriter(w io.Writer) *Writer { return &Writer{w: bufio.NewWriterSize(w, 64<<10)} }
+
+// WriteFrame buffers one frame.
+func (w *Writer) WriteFrame(f Frame) error {
+	var hdr [FrameHeaderSize]byte
+	hdr[0] = f.Type
+	binary.BigEndian.PutUint16(hdr[1:3], f.Channel)
+	binary.BigEndian.PutUint32(hdr[3:7], uint32(len(f.Payload)))
+	if _, err := w.w.Write(hdr[:]); err != nil {
+		return err
+	}
+	if _, err := w.w.Write(f.Payload); err != nil {
+		return err
+	}
+	return w.w.WriteByte(FrameEnd)
+}
+
+// Write writes raw bytes (the protocol header).
+func (w *Writer) Write(p []byte) (int, error) { return w.w.Write(p) }
+
+// Buffered is the number of bytes waiting for Flush.
+func (w *Writer) Buffered() int { return w.w.Buffered() }
+
+// Flush sends what is buffered.
+func (w *Writer) Flush() error { return w.w.Flush() }
