@@ -1,0 +1,43 @@
+// Package testbroker gives tests the address of the real RabbitMQ they run
+// against. A test that needs the broker fails when it is unreachable: it never
+// skips, so CI cannot pass without having talked to RabbitMQ.
+package testbroker
+
+import (
+	"net"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+)
+
+// DefaultURL is used when AMQP_URL is not set.
+const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// URL returns AMQP_URL (or DefaultURL) after checking that the broker accepts
+// TCP connections; it fails the test when it does not.
+func URL(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv("AMQP_URL")
+	if u == "" {
+		u = DefaultURL
+	}
+	pu, err := url.Parse(u)
+	if err != nil {
+		t.Fatalf("testbroker: AMQP_URL %q: %v", u, err)
+	}
+	host := pu.Host
+	if pu.Port() == "" {
+		port := "5672"
+		if pu.Scheme == "amqps" {
+			port = "5671"
+		}
+		host = net.JoinHostPort(pu.Hostname(), port)
+	}
+	c, err := net.DialTimeout("tcp", host, 5*time.Second)
+	if err != nil {
+		t.Fatalf("testbroker: RabbitMQ at %s is not reachable (start it with `rabbitmq-server -detached`): %v", host, err)
+	}
+	c.Close()
+	return u
+}
