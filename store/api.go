@@ -95,4 +95,3 @@ type Options struct {
 	InitialMmapSize int           // bytes; default 1 GiB
 	MaxBatch        int           // most messages in one group commit; default 10000
 }
-

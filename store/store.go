@@ -58,7 +58,9 @@ func (s *Store) Cancel(ctx context.Context, vhost, exchange, messageID string) (
 }
 
 // CancelKey deletes one pending message.
-func (s *Store) CancelKey(ctx context.Context, key Key) (bool, error) { return false, errNotImplemented }
+func (s *Store) CancelKey(ctx context.Context, key Key) (bool, error) {
+	return false, errNotImplemented
+}
 
 // CancelExchange discards all pending messages of an exchange.
 func (s *Store) CancelExchange(ctx context.Context, vhost, exchange string) (int64, error) {
