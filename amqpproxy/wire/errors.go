@@ -28,12 +28,28 @@ const (
 	InternalError      = 541
 )
 
-// Sentinel errors of the codec.
+// Sentinel errors of the codec. Decoders return an *Error that carries the
+// reply code and names the method; errors.Is finds the sentinel inside it.
+// Decoding failures are 501 FRAME_ERROR, as RabbitMQ's "cannot decode".
 var (
 	// ErrBadProtocolHeader: the peer's first 8 bytes were not AMQP 0-9-1's.
 	ErrBadProtocolHeader = errors.New("wire: bad protocol header")
-	// ErrShort: a method, table or header ended before its fields did.
-	ErrShort = NewError(SyntaxError, "truncated field")
+	// ErrShort: a frame, method, table or header ended before its fields did.
+	ErrShort = NewError(FrameError, "truncated field")
+	// ErrTrailing: a method's arguments had bytes after its last field.
+	ErrTrailing = NewError(FrameError, "trailing bytes after the last field")
+	// ErrUnknownMethod: a method frame named a class or method the spec
+	// does not have (503 COMMAND_INVALID).
+	ErrUnknownMethod = NewError(CommandInvalid, "unknown method")
+	// ErrFieldType: a table or array held an unknown field type code.
+	ErrFieldType = NewError(FrameError, "unknown field type")
+	// ErrTooDeep: tables and arrays nested deeper than MaxTableDepth.
+	ErrTooDeep = NewError(FrameError, "field tables nested too deep")
+	// ErrTooLong: a value does not fit its wire type (a shortstr over 255
+	// bytes, a longstr or table of 4 GiB): an encoding error, 502.
+	ErrTooLong = NewError(SyntaxError, "value too long for its field")
+	// ErrBadValue: a Go value that has no field-table encoding.
+	ErrBadValue = NewError(SyntaxError, "value has no field-table type")
 )
 
 // Error is an AMQP protocol error: a reply code, its text, and the method
@@ -44,6 +60,8 @@ type Error struct {
 	Text     string
 	ClassID  uint16
 	MethodID uint16
+
+	cause error // a sentinel this error refines, for errors.Is; may be nil
 }
 
 // NewError returns an *Error with the given reply code and text.
@@ -52,6 +70,9 @@ func NewError(code uint16, text string) *Error { return &Error{Code: code, Text:
 func (e *Error) Error() string {
 	return fmt.Sprintf("amqp %d %s: %s", e.Code, ReplyText(e.Code), e.Text)
 }
+
+// Unwrap returns the sentinel error this one refines, if any.
+func (e *Error) Unwrap() error { return e.cause }
 
 // Hard reports whether the code closes the whole connection.
 func (e *Error) Hard() bool { return IsHard(e.Code) }
