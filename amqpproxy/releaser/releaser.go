@@ -1,0 +1,339 @@
+package releaser
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/store"
+)
+
+// Sentinel errors of the releaser.
+var (
+	// ErrClosed: Release or Ping was called after Close.
+	ErrClosed = errors.New("releaser: closed")
+)
+
+// Config configures a Releaser.
+type Config struct {
+	// URL is the proxy's own RabbitMQ account, amqp:// or amqps://. Its
+	// vhost is ignored: the releaser opens one connection per vhost.
+	URL string
+	// TLS is used for amqps:// URLs; nil means the system defaults.
+	TLS *tls.Config
+	// ConfirmTimeout bounds the wait for a batch's confirms; unconfirmed
+	// messages are retried later. Default 30 s.
+	ConfirmTimeout time.Duration
+	// DialTimeout bounds connecting to RabbitMQ. Default 10 s.
+	DialTimeout time.Duration
+	// Heartbeat of the release connections. Default 10 s.
+	Heartbeat time.Duration
+	// Lookup returns the registry's definition of a delayed exchange; used to
+	// declare the real exchange again when RabbitMQ no longer has it.
+	Lookup func(vhost, name string) (store.ExchangeDef, bool)
+	// OnUnroutable is called for each release RabbitMQ returned (no queue
+	// took it). Optional.
+	OnUnroutable func(vhost, exchange, routingKey string)
+	// OnReconnect is called each time a vhost's connection is dialled after
+	// a failure. Optional.
+	OnReconnect func(vhost string)
+	// Logger receives one line per unroutable release and per lost
+	// connection. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Releaser publishes due messages upstream; see the package doc.
+type Releaser struct {
+	cfg  Config
+	base amqp.URI
+
+	mu     sync.Mutex // guards conns and closed
+	conns  map[string]*vhostConn
+	closed bool
+	wg     sync.WaitGroup // return and close watchers of every vhostConn
+}
+
+// New checks the URL and returns a Releaser; it dials nothing until the first
+// release.
+func New(cfg Config) (*Releaser, error) {
+	uri, err := amqp.ParseURI(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("releaser: release URL: %w", err)
+	}
+	if cfg.ConfirmTimeout <= 0 {
+		cfg.ConfirmTimeout = 30 * time.Second
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Releaser{cfg: cfg, base: uri, conns: map[string]*vhostConn{}}, nil
+}
+
+// vhostConn is the release connection and channel of one vhost.
+type vhostConn struct {
+	vhost string
+	conn  *amqp.Connection
+	ch    *amqp.Channel
+	// pub serialises publishing so each batch goes out in order, unbroken.
+	pub sync.Mutex
+	// dead is closed when the channel or connection has closed.
+	dead chan struct{}
+	// closeErr is the reason; written once before dead is closed.
+	closeErr *amqp.Error
+}
+
+// Release publishes batch in order and reports which messages RabbitMQ
+// confirmed. It implements scheduler.Releaser.
+func (r *Releaser) Release(ctx context.Context, batch []*store.Message) []bool {
+	confirmed := make([]bool, len(batch))
+	// Group by vhost, keeping order within each; usually there is one.
+	var order []string
+	groups := map[string][]int{}
+	for i, m := range batch {
+		if _, ok := groups[m.VHost]; !ok {
+			order = append(order, m.VHost)
+		}
+		groups[m.VHost] = append(groups[m.VHost], i)
+	}
+	for _, vhost := range order {
+		r.releaseVHost(ctx, vhost, batch, groups[vhost], confirmed)
+	}
+	return confirmed
+}
+
+func (r *Releaser) releaseVHost(ctx context.Context, vhost string, batch []*store.Message, idx []int, confirmed []bool) {
+	vc, err := r.conn(ctx, vhost)
+	if err != nil {
+		r.cfg.Logger.Warn("release connection failed", "vhost", vhost, "err", err)
+		return
+	}
+	dcs := make([]*amqp.DeferredConfirmation, len(idx))
+	vc.pub.Lock()
+	for n, i := range idx {
+		m := batch[i]
+		pub, err := publishing(m)
+		if err != nil {
+			// The proxy decoded these properties when it stored the
+			// message, so this is a corrupt record: it can never be
+			// released. Say so loudly and let it go.
+			r.cfg.Logger.Error("discarding stored message with undecodable properties",
+				"vhost", vhost, "exchange", m.Exchange, "key", fmt.Sprintf("%x", m.Key), "err", err)
+			confirmed[i] = true
+			continue
+		}
+		dc, err := vc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.RoutingKey, true, false, pub)
+		if err != nil {
+			break // the channel is gone; the rest stay unconfirmed
+		}
+		dcs[n] = dc
+	}
+	vc.pub.Unlock()
+
+	wctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
+	defer cancel()
+	for n, dc := range dcs {
+		if dc == nil {
+			continue
+		}
+		ok, err := dc.WaitContext(wctx)
+		confirmed[idx[n]] = ok && err == nil
+	}
+	select {
+	case <-vc.dead:
+		r.drop(vc)
+		if vc.closeErr != nil && vc.closeErr.Code == amqp.NotFound {
+			r.redeclare(ctx, vhost, batch, idx)
+		}
+	default:
+	}
+}
+
+// conn returns the live connection of vhost, dialling it if needed.
+func (r *Releaser) conn(ctx context.Context, vhost string) (*vhostConn, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, ErrClosed
+	}
+	if vc := r.conns[vhost]; vc != nil {
+		select {
+		case <-vc.dead:
+		default:
+			return vc, nil
+		}
+		r.closeLocked(vc)
+		if r.cfg.OnReconnect != nil {
+			r.cfg.OnReconnect(vhost)
+		}
+	}
+	vc, err := r.dial(ctx, vhost)
+	if err != nil {
+		return nil, err
+	}
+	r.conns[vhost] = vc
+	return vc, nil
+}
+
+func (r *Releaser) dial(ctx context.Context, vhost string) (*vhostConn, error) {
+	uri := r.base
+	uri.Vhost = vhost
+	cfg := amqp.Config{
+		Heartbeat:       r.cfg.Heartbeat,
+		TLSClientConfig: r.cfg.TLS,
+		Locale:          "en_US",
+		Properties:      amqp.Table{"connection_name": "delayproxy releaser " + vhost, "product": "delayproxy"},
+		Dial:            amqp.DefaultDial(r.cfg.DialTimeout),
+	}
+	type result struct {
+		conn *amqp.Connection
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := amqp.DialConfig(uri.String(), cfg)
+		done <- result{c, err}
+	}()
+	var res result
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		go func() { // let the dial finish and close it
+			if res := <-done; res.conn != nil {
+				res.conn.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+	if res.err != nil {
+		return nil, fmt.Errorf("dial vhost %q: %w", vhost, res.err)
+	}
+	ch, err := res.conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		res.conn.Close()
+		return nil, fmt.Errorf("open release channel on vhost %q: %w", vhost, err)
+	}
+	vc := &vhostConn{vhost: vhost, conn: res.conn, ch: ch, dead: make(chan struct{})}
+	returns := ch.NotifyReturn(make(chan amqp.Return, 64))
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	connClosed := res.conn.NotifyClose(make(chan *amqp.Error, 1))
+	r.wg.Add(2)
+	go func() {
+		defer r.wg.Done()
+		for ret := range returns {
+			r.cfg.Logger.Warn("delayed message unroutable at release",
+				"vhost", vhost, "exchange", ret.Exchange, "routing_key", ret.RoutingKey,
+				"reply", fmt.Sprintf("%d %s", ret.ReplyCode, ret.ReplyText))
+			if r.cfg.OnUnroutable != nil {
+				r.cfg.OnUnroutable(vhost, ret.Exchange, ret.RoutingKey)
+			}
+		}
+	}()
+	go func() {
+		defer r.wg.Done()
+		var e *amqp.Error
+		select {
+		case e = <-chClosed:
+		case e = <-connClosed:
+		}
+		vc.closeErr = e
+		close(vc.dead)
+		if e != nil {
+			r.cfg.Logger.Warn("release connection lost", "vhost", vhost, "err", e)
+		}
+	}()
+	return vc, nil
+}
+
+// drop forgets vc if it is still the vhost's connection, and closes it.
+func (r *Releaser) drop(vc *vhostConn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conns[vc.vhost] == vc {
+		delete(r.conns, vc.vhost)
+	}
+	r.closeLocked(vc)
+}
+
+func (r *Releaser) closeLocked(vc *vhostConn) {
+	vc.conn.Close() // the close watcher then closes vc.dead
+}
+
+// redeclare declares again, from the registry, the real exchanges of the
+// messages in idx.
+func (r *Releaser) redeclare(ctx context.Context, vhost string, batch []*store.Message, idx []int) {
+	if r.cfg.Lookup == nil {
+		return
+	}
+	seen := map[string]bool{}
+	for _, i := range idx {
+		name := batch[i].Exchange
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		def, ok := r.cfg.Lookup(vhost, name)
+		if !ok {
+			continue
+		}
+		if err := r.declare(ctx, def); err != nil {
+			r.cfg.Logger.Warn("cannot declare missing exchange again", "vhost", vhost, "exchange", name, "err", err)
+			continue
+		}
+		r.cfg.Logger.Info("declared missing exchange again from the registry", "vhost", vhost, "exchange", name, "type", def.DelayedType)
+	}
+}
+
+// declare declares the real exchange of a delayed exchange upstream.
+func (r *Releaser) declare(ctx context.Context, def store.ExchangeDef) error {
+	vc, err := r.conn(ctx, def.VHost)
+	if err != nil {
+		return err
+	}
+	// The real exchange carries the declared arguments, x-delayed-type
+	// included, exactly as the proxy declared it for the client.
+	args, err := tableOf(wire.Table(def.Arguments))
+	if err != nil {
+		return err
+	}
+	ch, err := vc.conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	return ch.ExchangeDeclare(def.Name, def.DelayedType, def.Durable, def.AutoDelete, def.Internal, false, args)
+}
+
+// Ping dials (or reuses) the connection of vhost: the readiness check.
+func (r *Releaser) Ping(ctx context.Context, vhost string) error {
+	_, err := r.conn(ctx, vhost)
+	return err
+}
+
+// Close closes every connection and waits for their watchers.
+func (r *Releaser) Close() error {
+	r.mu.Lock()
+	r.closed = true
+	for v, vc := range r.conns {
+		r.closeLocked(vc)
+		delete(r.conns, v)
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+	return nil
+}
