@@ -1,0 +1,100 @@
+package delayed
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+)
+
+// HeaderDelay is the header that asks for a delay, in milliseconds.
+const HeaderDelay = "x-delay"
+
+// ParseDelay reads x-delay from a message's headers the way RabbitMQ's
+// delayed-message plugin does, and applies the proxy's maximum.
+//
+// It returns the delay in milliseconds and whether the message is to be held:
+// a missing header, zero or a negative delay mean "route at once" (held =
+// false, err = nil). Integers of any width, numeric strings and floats or
+// decimals (truncated towards zero) are accepted. A value that is not a
+// number, or a delay above max, is a 406 PRECONDITION_FAILED naming the
+// header. Unlike the plugin, delays above 2^32-1 ms are held, not routed at
+// once.
+func ParseDelay(headers wire.Table, max time.Duration) (ms int64, held bool, err error) {
+	v, ok, err := headers.Get(HeaderDelay)
+	if err != nil {
+		return 0, false, wire.NewError(wire.SyntaxError, "headers: "+err.Error())
+	}
+	if !ok {
+		return 0, false, nil
+	}
+	ms, err = delayValue(v)
+	if err != nil {
+		return 0, false, err
+	}
+	if ms <= 0 {
+		return 0, false, nil
+	}
+	if max > 0 && ms > max.Milliseconds() {
+		return 0, false, wire.NewError(wire.PreconditionFailed,
+			fmt.Sprintf("x-delay %d ms is larger than the maximum delay %d ms", ms, max.Milliseconds()))
+	}
+	return ms, true, nil
+}
+
+// delayValue converts one x-delay value to milliseconds.
+func delayValue(v any) (int64, error) {
+	switch v := v.(type) {
+	case int8:
+		return int64(v), nil
+	case uint8:
+		return int64(v), nil
+	case int16:
+		return int64(v), nil
+	case uint16:
+		return int64(v), nil
+	case int32:
+		return int64(v), nil
+	case uint32:
+		return int64(v), nil
+	case int64:
+		return v, nil
+	case float32:
+		return floatDelay(float64(v), v)
+	case float64:
+		return floatDelay(v, v)
+	case wire.Decimal:
+		return floatDelay(float64(v.Value)/math.Pow10(int(v.Scale)), v)
+	case string:
+		return stringDelay(v)
+	case []byte:
+		return stringDelay(string(v))
+	}
+	return 0, notANumber(v)
+}
+
+func stringDelay(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	if n, err := strconv.ParseInt(t, 10, 64); err == nil {
+		return n, nil
+	}
+	if f, err := strconv.ParseFloat(t, 64); err == nil {
+		return floatDelay(f, s)
+	}
+	return 0, notANumber(s)
+}
+
+func floatDelay(f float64, orig any) (int64, error) {
+	if math.IsNaN(f) || math.IsInf(f, 0) || f >= math.MaxInt64 || f <= math.MinInt64 {
+		return 0, notANumber(orig)
+	}
+	return int64(f), nil // truncates towards zero
+}
+
+func notANumber(v any) error {
+	return wire.NewError(wire.PreconditionFailed,
+		fmt.Sprintf("invalid x-delay header: %v (%T) is not a number of milliseconds", v, v))
+}
