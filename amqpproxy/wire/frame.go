@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"slices"
 )
 
 // Frame types and limits of AMQP 0-9-1 (spec 4.2.3).
@@ -63,7 +64,11 @@ func (r *Reader) SetMaxFrame(n uint32) { r.maxFrame = n }
 func (r *Reader) Buffered() *bufio.Reader { return r.r }
 
 // ReadFrame reads the next frame. Errors that break the protocol are *Error
-// with code FrameError; I/O errors are returned as they are.
+// with code FrameError (too large, unknown type, bad frame-end octet, a
+// heartbeat with a payload) or UnexpectedFrame (a heartbeat on a channel
+// other than 0), as RabbitMQ answers them; I/O errors are returned as they
+// are, a frame cut short as io.ErrUnexpectedEOF. Memory grows with the bytes
+// that arrive, never with a declared size alone.
 func (r *Reader) ReadFrame() (Frame, error) {
 	hdr, err := r.r.Peek(FrameHeaderSize)
 	if err != nil {
@@ -78,19 +83,24 @@ func (r *Reader) ReadFrame() (Frame, error) {
 		return Frame{}, NewError(FrameError, fmt.Sprintf("frame size %d exceeds frame_max %d", uint64(size)+FrameOverhead, r.maxFrame))
 	}
 	switch f.Type {
-	case FrameMethod, FrameHeader, FrameBody, FrameHeartbeat:
+	case FrameMethod, FrameHeader, FrameBody:
+	case FrameHeartbeat:
+		// As RabbitMQ: a heartbeat with a payload is malformed (501), one
+		// on a channel other than 0 is unexpected (505).
+		if size != 0 {
+			return Frame{}, NewError(FrameError, fmt.Sprintf("heartbeat frame with a %d-byte payload", size))
+		}
+		if f.Channel != 0 {
+			return Frame{}, NewError(UnexpectedFrame, fmt.Sprintf("heartbeat frame on channel %d", f.Channel))
+		}
 	default:
 		return Frame{}, NewError(FrameError, fmt.Sprintf("unknown frame type %d", f.Type))
 	}
 	if _, err := r.r.Discard(FrameHeaderSize); err != nil {
 		return Frame{}, err
 	}
-	n := int(size) + 1
-	if cap(r.buf) < n {
-		r.buf = make([]byte, n)
-	}
-	b := r.buf[:n]
-	if _, err := io.ReadFull(r.r, b); err != nil {
+	b, err := r.readPayload(int64(size) + 1)
+	if err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
@@ -101,6 +111,35 @@ func (r *Reader) ReadFrame() (Frame, error) {
 	}
 	f.Payload = b[:size]
 	return f, nil
+}
+
+// eagerRead is how much ReadFrame allocates up front for a payload; a larger
+// declared size is read in growing steps, so memory follows the bytes that
+// actually arrive, not what a frame header claims.
+const eagerRead = 1 << 20
+
+// readPayload reads n bytes into r.buf.
+func (r *Reader) readPayload(n int64) ([]byte, error) {
+	if n <= int64(cap(r.buf)) || n <= eagerRead {
+		if int64(cap(r.buf)) < n {
+			r.buf = make([]byte, n)
+		}
+		b := r.buf[:n]
+		_, err := io.ReadFull(r.r, b)
+		return b, err
+	}
+	b := r.buf[:0]
+	for int64(len(b)) < n {
+		step := min(n-int64(len(b)), max(int64(len(b)), eagerRead))
+		b = slices.Grow(b, int(step))
+		got, err := io.ReadFull(r.r, b[len(b):len(b)+int(step)])
+		b = b[:len(b)+got]
+		r.buf = b[:0]
+		if err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
 }
 
 // ReadProtocolHeader reads the 8-byte protocol header a client sends first.

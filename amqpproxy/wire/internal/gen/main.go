@@ -186,6 +186,12 @@ func (g *gen) generate() {
 	g.p("}")
 	g.p("")
 
+	g.p("// allMethodIDs lists every method, in spec order.")
+	g.p("var allMethodIDs = [...]MethodID{")
+	g.p("%s,", g.idList(func(class, method) bool { return true }))
+	g.p("}")
+	g.p("")
+
 	// Known.
 	g.p("// Known reports whether id is a method of the spec (or of RabbitMQ's extensions).")
 	g.p("func (id MethodID) Known() bool {")
