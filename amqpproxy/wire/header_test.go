@@ -33,8 +33,8 @@ func TestContentHeader(t *testing.T) {
 	}
 	for _, bad := range []string{
 		"", "003c", "003c0000000000000000000000", // shorter than 12 or no flags word
-		"003c0000000000000000000000" + "01",        // half a flags word
-		"003c000000000000000000000001",             // continuation with no word after it
+		"003c0000000000000000000000" + "01",       // half a flags word
+		"003c000000000000000000000001",            // continuation with no word after it
 		"003c000000000000000000000001" + "000100", // two continuations, half a word
 	} {
 		_, err := DecodeContentHeader(mustHex(t, bad))
@@ -117,7 +117,7 @@ func TestPropertiesFlagWords(t *testing.T) {
 		t.Fatalf("empty continuation word: %+v, %v", p, err)
 	}
 	// A property flag in a continuation word names a property basic lacks.
-	_, err := DecodeProperties(mustHex(t, "8001" + "8000" + "0161" + "0162"))
+	_, err := DecodeProperties(mustHex(t, "8001"+"8000"+"0161"+"0162"))
 	assertCode(t, err, FrameError, ErrFieldType)
 	_, err = DecodeProperties(mustHex(t, "8001"))
 	assertCode(t, err, FrameError, ErrShort)
