@@ -283,7 +283,7 @@ Flags:
 		if o.env {
 			meta = append(meta, "env "+envName(o.name))
 		}
-		if d := defaults[o.name]; d != "" {
+		if d := defaults[o.name]; d != "" && o.arg != "" {
 			meta = append(meta, "default "+strconv.Quote(d))
 		}
 		line := o.usage
@@ -610,7 +610,14 @@ func formatDuration(d time.Duration) string {
 	case d != 0 && d%day == 0:
 		return strconv.FormatInt(int64(d/day), 10) + "d"
 	}
-	return d.String()
+	s := d.String() // "1m0s" -> "1m", "2h0m0s" -> "2h"
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // sizeValue is a flag.Value for a byte size: "134217728", "128MiB", "100MB".

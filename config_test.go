@@ -289,7 +289,7 @@ func TestEnsureDataDir(t *testing.T) {
 }
 
 func TestFormatRoundTrip(t *testing.T) {
-	for _, d := range []time.Duration{10 * year, 30 * day, 90 * time.Second, 1500 * time.Millisecond} {
+	for _, d := range []time.Duration{10 * year, 30 * day, 90 * time.Second, 1500 * time.Millisecond, time.Minute, 2 * time.Hour, 0} {
 		var v durationValue
 		if err := v.Set(formatDuration(d)); err != nil || time.Duration(v) != d {
 			t.Errorf("duration %v -> %q -> %v, %v", d, formatDuration(d), time.Duration(v), err)
