@@ -1,0 +1,114 @@
+// Package store keeps delayed messages durably in one bbolt file: a timing
+// wheel on disk, the registry of delayed exchanges, a message-id index and
+// exact counters. It is the durable half of the delay engine; the scheduler
+// loads what comes due from it into its in-memory wheel.
+//
+// # Invariants
+//
+//   - Put returns nil only after the commit holding its messages is
+//     fsync'd. A failed commit fails every request in it; nothing is dropped
+//     silently.
+//   - Key order is release order: due time, then higher priority, then
+//     publish order (a store-wide sequence).
+//   - Open reads metadata and the registry only, never messages, and memory
+//     does not grow with the number of pending messages.
+//   - Counters are exact: every stored message counts once, under the
+//     exchange incarnation it was stored with, and Check proves it.
+//   - The wall clock is not the store's business: due times are taken as
+//     given.
+//
+// # Layout
+//
+// Top-level buckets:
+//
+//	slots      slot index (due / SlotWidth, 8 B BE) -> nested bucket:
+//	               Key (17 B) -> encoded message          cursor order = release order
+//	far        far index (due / FarWidth, 8 B BE) -> nested bucket:
+//	               far key (17 B) -> encoded message      appended in publish order
+//	ids        uvarint len, vhost, uvarint len, exchange,
+//	           uvarint len, message-id, Key -> (empty)    only messages with a message-id
+//	exchanges  uvarint len, vhost, name -> encoded ExchangeDef
+//	meta       magic, version, slot-ms, far-ms, seq (next sequence),
+//	           incarnation (last one handed out), watermark (ms),
+//	           counts: nested bucket incarnation (8 B BE) -> stored messages (8 B BE)
+//
+// The cascade watermark W (a slot boundary, persisted in meta) splits the
+// messages: those due before W sit sorted in their slot; those due at or
+// after W are appended to the far bucket of their due time, keyed by
+// sequence first:
+//
+//	far key:  0              8              16     17
+//	          +--------------+--------------+------+
+//	          | sequence BE  | due ms BE    | 255- |
+//	          |              |              | prio |
+//	          +--------------+--------------+------+
+//
+// Why: random due times over a day make every Put land in a random slot,
+// and a B+tree insert at a random place dirties a page of its own. With
+// hundreds of messages per commit that is hundreds of 4 KiB pages written
+// and fsync'd per commit (plain bbolt with random keys manages ~14k
+// inserts/s at 5M keys). Appending to a handful of far buckets dirties only
+// their last pages, so the page count per commit stays near the size of the
+// data. When a Scan or ScanKeys asks for messages due at or after W, the
+// writer runs cascade passes: it scans the far bucket at W (keys only),
+// sorts the messages due in the next stretch (up to Options.CascadeLead past
+// the request, at most 100k per pass) and writes them into fresh slots in
+// key order, so slots are built by appending too; then it moves W. A far
+// bucket is deleted once W passes its end; until then its entries below W
+// are shadow copies that every reader ignores. Released messages leave
+// through Delete, and a drained slot is removed with one DeleteBucket.
+//
+// Messages due before W (short delays, within the scheduler's horizon) are
+// inserted straight into their slot: that is a random insert, cheap while
+// the slots near W are few and small.
+//
+// # Message encoding (version 1)
+//
+// Due time and priority live in the key. The value:
+//
+//	 0     1       2                  10
+//	+-----+-------+------------------+-----------+
+//	| ver | flags | incarnation BE   | delay     |  flags: 1 mandatory,
+//	| =1  |       | (8 B)            | (varint)  |         2 has message-id
+//	+-----+-------+------------------+-----------+
+//	| uvarint len + vhost            |
+//	| uvarint len + exchange         |
+//	| uvarint len + routing key      |
+//	| uvarint len + message-id       |
+//	| uvarint len + properties       |  raw content-header property flags
+//	|                                |  and list, byte-exact
+//	| body (rest of the value)       |
+//	+--------------------------------+
+//
+// An exchange definition: ver (1), flags (1: durable, 2: auto-delete,
+// 4: internal), incarnation (8 B BE), uvarint len + x-delayed-type, then the
+// raw argument table as the rest of the value.
+//
+// # Incarnations and counts
+//
+// Every registered exchange has an incarnation, a number from a store-wide
+// counter. A message records the incarnation of its exchange at Put.
+// CancelExchange gives the exchange a new incarnation and DeleteExchange
+// removes it: in both cases the old messages become stale in O(1), without
+// a scan, and the scheduler deletes them instead of releasing them (Stale).
+// Counts are kept per incarnation, in memory and in meta within the same
+// transaction as the change, so deleting a stale message later decrements
+// the stale incarnation, never the live one. Pending is the sum over live
+// incarnations; Stats().Stale the sum over the others.
+//
+// # Group commit
+//
+// One writer goroutine owns every write transaction. It takes the first
+// queued request, then every request that queued up meanwhile (up to
+// Options.MaxBatch messages, yielding the processor once when the queue runs
+// dry, never sleeping), applies them in one transaction and commits. Each
+// caller waits for the commit holding its request only. Cascade passes,
+// NextDue's far scan and Check run between commits in the same goroutine.
+//
+// # bbolt settings
+//
+// The freelist is a hashmap (O(1) allocation on big files) and is not
+// written at commit (NoFreelistSync) unless Options.SyncFreelist: Open then
+// rebuilds it from page headers. InitialMmapSize defaults to 1 GiB so the
+// file grows without remapping under readers.
+package store

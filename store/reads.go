@@ -1,0 +1,331 @@
+package store
+
+import (
+	"bytes"
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+const (
+	// countsScanBudget bounds the messages Counts visits to find each
+	// exchange's earliest due.
+	countsScanBudget = 1 << 20
+	// defaultListLimit and maxListLimit bound a List page.
+	defaultListLimit = 100
+	maxListLimit     = 10000
+)
+
+// Get reads messages by key in one read transaction. The result has one
+// entry per key, nil for a key that is not stored.
+func (s *Store) Get(keys []Key) ([]*Message, error) {
+	out := make([]*Message, len(keys))
+	err := s.view(func(tx *bolt.Tx) error {
+		w := readWatermark(tx)
+		for i, k := range keys {
+			v := s.lookup(tx, w, k)
+			if v == nil {
+				continue
+			}
+			m, err := decodeMessage(k, v, true)
+			if err != nil {
+				return fmt.Errorf("key %x: %w", k[:], err)
+			}
+			out[i] = m
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// lookup finds the stored value of k in tx (nil if absent).
+func (s *Store) lookup(tx *bolt.Tx, w int64, k Key) []byte {
+	due := k.Due()
+	if due < w {
+		if bk := tx.Bucket(bucketSlots).Bucket(s.slotKey(due)); bk != nil {
+			return bk.Get(k[:])
+		}
+		return nil
+	}
+	if bk := tx.Bucket(bucketFar).Bucket(s.farBucketKey(due)); bk != nil {
+		return bk.Get(farKey(k))
+	}
+	return nil
+}
+
+// Scan calls fn for every stored message due in [from, until), in release
+// order (key order), stale ones included. It stops at the first error fn
+// returns and returns it, except ErrStop, which ends the scan with nil.
+//
+// Scan first moves the cascade watermark past until (a write that sorts far
+// buckets into slots), so call it for the scheduler's horizon, not for
+// far-future ranges; List serves the admin API without moving anything. fn
+// runs inside a read transaction: it must not wait for a Put, Delete or
+// other write of this store.
+func (s *Store) Scan(from, until int64, fn func(*Message) error) error {
+	return s.scan(from, until, func(k, v []byte) error {
+		m, err := decodeMessage(Key(k), v, true)
+		if err != nil {
+			return fmt.Errorf("key %x: %w", k, err)
+		}
+		return fn(m)
+	})
+}
+
+// ScanKeys is Scan without decoding values: the cheap way to load the wheel.
+func (s *Store) ScanKeys(from, until int64, fn func(Key) error) error {
+	return s.scan(from, until, func(k, _ []byte) error { return fn(Key(k)) })
+}
+
+func (s *Store) scan(from, until int64, fn func(k, v []byte) error) error {
+	from = max(from, 0)
+	until = min(until, maxDue)
+	if until <= from {
+		return nil
+	}
+	if err := s.cascadeTo(until); err != nil {
+		return err
+	}
+	return s.view(func(tx *bolt.Tx) error {
+		err := s.scanSlots(tx, from, until, fn)
+		if errors.Is(err, ErrStop) {
+			return nil
+		}
+		return err
+	})
+}
+
+// cascadeTo makes sure every message due before until sits in a slot.
+func (s *Store) cascadeTo(until int64) error {
+	s.mu.RLock()
+	w := s.watermark
+	s.mu.RUnlock()
+	if until <= w {
+		return nil
+	}
+	target := maxDue
+	if until < maxDue-s.leadMs {
+		target = s.roundUp(until + s.leadMs)
+	}
+	return s.do(context.Background(), &request{kind: opCascade, target: target})
+}
+
+// scanSlots calls fn for every slot entry due in [from, until) in key order
+// and returns fn's first error as is.
+func (s *Store) scanSlots(tx *bolt.Tx, from, until int64, fn func(k, v []byte) error) error {
+	slots := tx.Bucket(bucketSlots)
+	c := slots.Cursor()
+	first := from / s.slotMs
+	fromKey := MakeKey(from, 255, 0)
+	for sk, _ := c.Seek(u64(uint64(first))); sk != nil; sk, _ = c.Next() {
+		idx := int64(beUint64(sk))
+		if idx*s.slotMs >= until {
+			return nil
+		}
+		ic := slots.Bucket(sk).Cursor()
+		var k, v []byte
+		if idx == first {
+			k, v = ic.Seek(fromKey[:])
+		} else {
+			k, v = ic.First()
+		}
+		for ; k != nil; k, v = ic.Next() {
+			if Key(k).Due() >= until {
+				return nil
+			}
+			if err := fn(k, v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// NextDue is the earliest due time of any stored message (stale ones
+// included). Usually it reads the first key of the first slot; when every
+// message lies beyond the watermark it asks the writer, which keeps the
+// earliest far due cached (a scan of one far bucket when the cache was
+// invalidated). false when nothing is stored or the store is closed.
+func (s *Store) NextDue() (int64, bool) {
+	var due int64
+	var ok bool
+	if err := s.view(func(tx *bolt.Tx) error {
+		due, ok = firstSlotDue(tx)
+		return nil
+	}); err != nil || ok {
+		return due, ok
+	}
+	r := &request{kind: opNextDue}
+	if err := s.do(context.Background(), r); err != nil {
+		return 0, false
+	}
+	return r.n, r.ok
+}
+
+// Counts lists the pending count of every registered exchange, sorted by
+// vhost and name. Pending is exact and O(1) per exchange. NextDue comes from
+// one read scan in release order that stops once every exchange with
+// pending messages has been seen, or after visiting countsScanBudget (1M)
+// messages, whichever is first: exchanges not reached keep NextDue 0. The
+// scan's cost grows with the number of messages due before the last
+// exchange's earliest one.
+func (s *Store) Counts() []ExchangeCount {
+	s.mu.RLock()
+	out := make([]ExchangeCount, 0, len(s.exchanges))
+	for _, d := range s.exchanges {
+		out = append(out, ExchangeCount{VHost: d.VHost, Exchange: d.Name, Pending: s.counts[d.Incarnation]})
+	}
+	incs := make(map[uint64]exKey, len(s.liveInc))
+	for inc, k := range s.liveInc {
+		incs[inc] = k
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(out, func(a, b ExchangeCount) int {
+		if c := strings.Compare(a.VHost, b.VHost); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Exchange, b.Exchange)
+	})
+	want := make(map[uint64]int)
+	for inc, k := range incs {
+		i, _ := slices.BinarySearchFunc(out, k, func(c ExchangeCount, k exKey) int {
+			if x := strings.Compare(c.VHost, k.vhost); x != 0 {
+				return x
+			}
+			return strings.Compare(c.Exchange, k.name)
+		})
+		if out[i].Pending > 0 {
+			want[inc] = i
+		}
+	}
+	if len(want) == 0 {
+		return out
+	}
+	_ = s.view(func(tx *bolt.Tx) error {
+		budget := countsScanBudget
+		w := readWatermark(tx)
+		_ = s.scanSlots(tx, 0, w, func(k, v []byte) error {
+			if i, ok := want[peekIncarnation(v)]; ok {
+				out[i].NextDue = Key(k).Due()
+				delete(want, peekIncarnation(v))
+			}
+			if budget--; budget <= 0 || len(want) == 0 {
+				return ErrStop
+			}
+			return nil
+		})
+		far := tx.Bucket(bucketFar)
+		c := far.Cursor()
+		for fk, _ := c.Seek(s.farBucketKey(w)); fk != nil && len(want) > 0 && budget > 0; fk, _ = c.Next() {
+			found := map[uint64]int64{}
+			bc := far.Bucket(fk).Cursor()
+			for k, v := bc.First(); k != nil; k, v = bc.Next() {
+				budget--
+				due := farDue(k)
+				if due < w {
+					continue
+				}
+				inc := peekIncarnation(v)
+				if _, ok := want[inc]; ok {
+					if d, seen := found[inc]; !seen || due < d {
+						found[inc] = due
+					}
+				}
+			}
+			for inc, due := range found {
+				out[want[inc]].NextDue = due
+				delete(want, inc)
+			}
+		}
+		return nil
+	})
+	return out
+}
+
+// List returns up to limit pending messages of one exchange whose key is
+// after `after` (the zero Key starts at the beginning), in release order,
+// for paging in the admin API. limit <= 0 means 100; at most 10000. Without
+// withBody the messages come without Body.
+//
+// Cost: messages before the watermark are walked in key order and filtered,
+// so a page costs the number of messages (of any exchange) between after
+// and the last one returned; beyond the watermark each far bucket reached is
+// scanned whole, keeping only the next limit keys in a heap.
+func (s *Store) List(vhost, exchange string, after Key, limit int, withBody bool) ([]*Message, error) {
+	d, ok := s.Exchange(vhost, exchange)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q in vhost %q", ErrUnknownExchange, exchange, vhost)
+	}
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	limit = min(limit, maxListLimit)
+	inc := u64(d.Incarnation)
+	match := func(k, v []byte) bool {
+		return len(v) >= msgHeaderSize && bytes.Equal(v[2:10], inc) && bytes.Compare(k, after[:]) > 0
+	}
+	var out []*Message
+	err := s.view(func(tx *bolt.Tx) error {
+		w := readWatermark(tx)
+		from := after.Due()
+		err := s.scanSlots(tx, from, w, func(k, v []byte) error {
+			if !match(k, v) {
+				return nil
+			}
+			m, err := decodeMessage(Key(k), v, withBody)
+			if err != nil {
+				return err
+			}
+			if out = append(out, m); len(out) == limit {
+				return ErrStop
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, ErrStop) {
+			return err
+		}
+		far := tx.Bucket(bucketFar)
+		c := far.Cursor()
+		for fk, _ := c.Seek(s.farBucketKey(max(from, w))); fk != nil && len(out) < limit; fk, _ = c.Next() {
+			need := limit - len(out)
+			fb := far.Bucket(fk)
+			h := &keyHeap{}
+			bc := fb.Cursor()
+			for fkey, v := bc.First(); fkey != nil; fkey, v = bc.Next() {
+				if farDue(fkey) < w {
+					continue
+				}
+				k := keyFromFar(fkey)
+				if !match(k[:], v) || (h.Len() == need && compareKeys(k, (*h)[0]) > 0) {
+					continue
+				}
+				heap.Push(h, k)
+				if h.Len() > need {
+					heap.Pop(h)
+				}
+			}
+			keys := []Key(*h)
+			slices.SortFunc(keys, compareKeys)
+			for _, k := range keys {
+				m, err := decodeMessage(k, fb.Get(farKey(k)), withBody)
+				if err != nil {
+					return err
+				}
+				out = append(out, m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
