@@ -18,6 +18,18 @@ type brokerConn struct {
 	conn net.Conn
 	r    *Reader
 	w    *Writer
+	seen [][]byte // every frame RabbitMQ sent, raw
+}
+
+// read reads a frame and records a copy of it.
+func (c *brokerConn) read() (Frame, error) {
+	f, err := c.r.ReadFrame()
+	if err == nil {
+		raw := AppendFrame(nil, f)
+		c.seen = append(c.seen, raw)
+		f.Payload = raw[FrameHeaderSize : len(raw)-1]
+	}
+	return f, err
 }
 
 func dialBroker(t *testing.T) *brokerConn {
@@ -85,7 +97,7 @@ func dialBroker(t *testing.T) *brokerConn {
 	t.Cleanup(func() {
 		c.send(0, &ConnectionClose{ReplyCode: ReplySuccess, ReplyText: "bye"})
 		for {
-			f, err := c.r.ReadFrame()
+			f, err := c.read()
 			if err != nil {
 				return
 			}
@@ -130,7 +142,7 @@ func (c *brokerConn) publish(ch uint16, m *BasicPublish, props Properties, body 
 func (c *brokerConn) next(ch uint16) Method {
 	c.t.Helper()
 	for {
-		f, err := c.r.ReadFrame()
+		f, err := c.read()
 		if err != nil {
 			c.t.Fatalf("reading from RabbitMQ: %v", err)
 		}
@@ -161,7 +173,7 @@ func expect[M Method](c *brokerConn, ch uint16) M {
 // content reads a content header and its body on ch.
 func (c *brokerConn) content(ch uint16) (Properties, []byte) {
 	c.t.Helper()
-	f, err := c.r.ReadFrame()
+	f, err := c.read()
 	if err != nil || f.Type != FrameHeader || f.Channel != ch {
 		c.t.Fatalf("content header: %v %+v", err, f)
 	}
@@ -175,7 +187,7 @@ func (c *brokerConn) content(ch uint16) (Properties, []byte) {
 	}
 	var body []byte
 	for uint64(len(body)) < h.BodySize {
-		f, err := c.r.ReadFrame()
+		f, err := c.read()
 		if err != nil || f.Type != FrameBody {
 			c.t.Fatalf("body: %v %+v", err, f)
 		}
@@ -272,4 +284,5 @@ func TestBrokerSpeaksOurCodec(t *testing.T) {
 		t.Fatalf("channel.close: %+v", closed)
 	}
 	c.send(1, &ChannelCloseOk{})
+	writeCorpus(t, "rabbitmq", c.seen)
 }

@@ -182,6 +182,8 @@ func TestDecodeWhatAmqp091GoWrites(t *testing.T) {
 		t.Fatalf("fake server: %v", err)
 	}
 
+	writeCorpus(t, "amqp091-go", srv.frames)
+
 	byID := map[MethodID]Method{}
 	for _, m := range srv.methods {
 		byID[m.ID()] = m
