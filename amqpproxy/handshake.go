@@ -1,0 +1,382 @@
+package amqpproxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+)
+
+// Version is delayproxy's version, advertised in connection.start.
+const Version = "0.1.0"
+
+// serverCapabilities are the capabilities RabbitMQ advertises; clients
+// (pika, for one) refuse features the server does not announce.
+var serverCapabilities = []string{
+	"publisher_confirms", "exchange_exchange_bindings", "basic.nack",
+	"consumer_cancel_notify", "connection.blocked", "consumer_priorities",
+	"authentication_failure_close", "per_consumer_qos", "direct_reply_to",
+}
+
+func serverProperties() wire.Table {
+	caps := map[string]any{}
+	for _, c := range serverCapabilities {
+		caps[c] = true
+	}
+	t, err := wire.EncodeTable(map[string]any{
+		"product":      "delayproxy",
+		"version":      Version,
+		"platform":     "Go",
+		"information":  "AMQP 0-9-1 proxy for RabbitMQ with durable delayed exchanges",
+		"capabilities": caps,
+	})
+	if err != nil {
+		panic(err) // a constant table
+	}
+	return t
+}
+
+// preTuneFrameMax is the largest frame RabbitMQ accepts before tune-ok.
+const preTuneFrameMax = wire.FrameMinSize
+
+// noLimitFrameMax bounds frames when both sides negotiated frame_max 0.
+const noLimitFrameMax = 1 << 20
+
+// errHandshake ends a handshake without a connection.close to the client,
+// as RabbitMQ does for handshake errors other than a refused login.
+var errHandshake = errors.New("handshake failed")
+
+// handshake runs the connection handshake: the proxy greets the client,
+// logs in to RabbitMQ with the client's start-ok when it arrives, offers the
+// client RabbitMQ's tune values (one channel fewer, kept for the proxy),
+// sends RabbitMQ the client's tune-ok, and relays open and open-ok. Both hops
+// end up with the same frame_max and heartbeat. It reports whether the
+// relay can start; on failure the client has been answered as RabbitMQ
+// would answer it, and the caller closes the sockets.
+func (s *session) handshake(ctx context.Context) bool {
+	cfg := &s.srv.cfg
+	deadline := time.Now().Add(cfg.HandshakeTimeout)
+	s.client.setDeadline(deadline)
+	s.clientConn.SetWriteDeadline(deadline)
+	cw := wire.NewWriter(s.clientConn)
+
+	if err := wire.ReadProtocolHeader(s.cr.Buffered()); err != nil {
+		if errors.Is(err, wire.ErrBadProtocolHeader) {
+			cw.Write(wire.ProtocolHeader[:])
+			cw.Flush()
+		}
+		s.log.Debug("no AMQP 0-9-1 protocol header", "err", err)
+		return false
+	}
+	start := &wire.ConnectionStart{VersionMajor: 0, VersionMinor: 9, ServerProperties: s.srv.props,
+		Mechanisms: []byte("PLAIN AMQPLAIN"), Locales: []byte("en_US")}
+	if err := writeMethod(cw, 0, start); err != nil {
+		return false
+	}
+
+	f, err := readMethod(s.cr, wire.IDConnectionStartOk)
+	if err != nil {
+		s.log.Info("handshake failed", "step", "start-ok", "err", err)
+		return false
+	}
+	startOkPayload := bytes.Clone(f.Payload)
+	var startOk wire.ConnectionStartOk
+	if err := startOk.Decode(f.Payload[4:]); err != nil {
+		s.log.Info("handshake failed", "step", "start-ok", "err", err)
+		return false
+	}
+	if startOk.Mechanism != "PLAIN" && startOk.Mechanism != "AMQPLAIN" {
+		s.log.Info("handshake failed", "err", fmt.Sprintf("unknown authentication mechanism '%s'", startOk.Mechanism))
+		return false
+	}
+	s.info.User = loginUser(startOk.Mechanism, startOk.Response)
+	s.info.ClientProperties = wire.Table(bytes.Clone(startOk.ClientProperties))
+	s.log = s.log.With("user", s.info.User)
+	if name, ok, _ := startOk.ClientProperties.Get("connection_name"); ok {
+		if n, ok := name.(string); ok {
+			s.log = s.log.With("connection_name", n)
+		}
+	}
+
+	// RabbitMQ authenticates at start-ok: dial it now.
+	up, err := s.dialUpstream(ctx, deadline)
+	if err != nil {
+		s.log.Warn("upstream unreachable, closing the client connection", "upstream", s.srv.up.hostport, "err", err)
+		e := &wire.Error{Code: wire.ConnectionForced, Text: fmt.Sprintf("delayproxy: RabbitMQ at %s is unreachable: %v", s.srv.up.hostport, err)}
+		if writeFrame(cw, connCloseFrame(e)) == nil {
+			s.client.setDeadlineBefore(time.Now().Add(cfg.CloseTimeout))
+			readMethod(s.cr, wire.IDConnectionCloseOk)
+		}
+		return false
+	}
+	uw := wire.NewWriter(up)
+	if _, err := uw.Write(wire.ProtocolHeader[:]); err != nil {
+		return s.upstreamHandshakeFailed(cw, err)
+	}
+	if err := uw.Flush(); err != nil {
+		return s.upstreamHandshakeFailed(cw, err)
+	}
+	if _, err := readMethod(s.ur, wire.IDConnectionStart); err != nil {
+		return s.upstreamHandshakeFailed(cw, err)
+	}
+	if err := writeFrame(uw, appendFrame(nil, wire.FrameMethod, 0, startOkPayload)); err != nil {
+		return s.upstreamHandshakeFailed(cw, err)
+	}
+
+	// Login: RabbitMQ may challenge (relayed), refuse, or tune.
+	var tune wire.ConnectionTune
+	for {
+		f, err := readMethod(s.ur, 0)
+		if err != nil {
+			// RabbitMQ hangs up without a word on a refused login unless the
+			// client announced authentication_failure_close; so do we.
+			s.log.Info("upstream refused the login", "err", err)
+			return false
+		}
+		id, _ := wire.PeekMethodID(f.Payload)
+		switch id {
+		case wire.IDConnectionTune:
+			err = tune.Decode(f.Payload[4:])
+		case wire.IDConnectionSecure:
+			if err = writeFrame(cw, appendFrame(nil, wire.FrameMethod, 0, f.Payload)); err == nil {
+				var cf wire.Frame
+				if cf, err = readMethod(s.cr, wire.IDConnectionSecureOk); err == nil {
+					err = writeFrame(uw, appendFrame(nil, wire.FrameMethod, 0, cf.Payload))
+				}
+			}
+			if err != nil {
+				s.log.Info("handshake failed", "step", "secure", "err", err)
+				return false
+			}
+			continue
+		case wire.IDConnectionClose:
+			s.relayHandshakeClose(cw, uw, f.Payload)
+			return false
+		default:
+			err = fmt.Errorf("unexpected %v from upstream", id)
+		}
+		if err != nil {
+			return s.upstreamHandshakeFailed(cw, err)
+		}
+		break
+	}
+
+	offer := tune
+	switch tune.ChannelMax {
+	case 0:
+		offer.ChannelMax = 65534
+	case 1:
+	default:
+		offer.ChannelMax = tune.ChannelMax - 1
+	}
+	if err := writeMethod(cw, 0, &offer); err != nil {
+		return false
+	}
+	f, err = readMethod(s.cr, wire.IDConnectionTuneOk)
+	if err != nil {
+		s.log.Info("handshake failed", "step", "tune-ok", "err", err)
+		return false
+	}
+	var tuneOk wire.ConnectionTuneOk
+	if err := tuneOk.Decode(f.Payload[4:]); err != nil {
+		s.log.Info("handshake failed", "step", "tune-ok", "err", err)
+		return false
+	}
+	upTuneOk := tuneOk
+	if c := tuneOk.ChannelMax; c != 0 && c < 65535 && tune.ChannelMax != 1 {
+		upTuneOk.ChannelMax = c + 1
+		s.reserved = c + 1
+	}
+	if err := writeMethod(uw, 0, &upTuneOk); err != nil {
+		return s.upstreamHandshakeFailed(cw, err)
+	}
+
+	f, err = readMethod(s.cr, wire.IDConnectionOpen)
+	if err != nil {
+		s.log.Info("handshake failed", "step", "open", "err", err)
+		return false
+	}
+	var open wire.ConnectionOpen
+	if err := open.Decode(f.Payload[4:]); err != nil {
+		s.log.Info("handshake failed", "step", "open", "err", err)
+		return false
+	}
+	if err := writeFrame(uw, appendFrame(nil, wire.FrameMethod, 0, f.Payload)); err != nil {
+		return s.upstreamHandshakeFailed(cw, err)
+	}
+	s.info.VHost = open.VirtualHost
+	s.log = s.log.With("vhost", open.VirtualHost)
+
+	f, err = readMethod(s.ur, 0)
+	if err != nil {
+		// RabbitMQ may hang up (negotiation failed): so do we.
+		s.log.Info("upstream refused the connection", "err", err)
+		return false
+	}
+	switch id, _ := wire.PeekMethodID(f.Payload); id {
+	case wire.IDConnectionOpenOk:
+	case wire.IDConnectionClose:
+		s.relayHandshakeClose(cw, uw, f.Payload)
+		return false
+	default:
+		return s.upstreamHandshakeFailed(cw, fmt.Errorf("unexpected %v from upstream", id))
+	}
+	if err := writeFrame(cw, appendFrame(nil, wire.FrameMethod, 0, f.Payload)); err != nil {
+		return false
+	}
+
+	// Both hops are open with the same tuning.
+	frameMax := tuneOk.FrameMax
+	if frameMax == 0 {
+		frameMax = noLimitFrameMax
+	}
+	s.channelMax = tuneOk.ChannelMax
+	s.info.ChannelMax, s.info.FrameMax, s.info.Heartbeat = tuneOk.ChannelMax, tuneOk.FrameMax, tuneOk.Heartbeat
+	s.info.ReservedChannel = s.reserved
+	s.upMaxBody = int(frameMax) - wire.FrameOverhead
+	s.downMaxBody = s.upMaxBody
+	s.cr.SetMaxFrame(frameMax)
+	s.ur.SetMaxFrame(frameMax)
+	s.client.setDeadline(time.Time{})
+	s.upstream.setDeadline(time.Time{})
+	s.clientConn.SetWriteDeadline(time.Time{})
+	up.SetWriteDeadline(time.Time{})
+	var beat time.Duration
+	if hb := time.Duration(tuneOk.Heartbeat) * time.Second; hb > 0 {
+		s.client.idle.Store(int64(2 * hb))
+		s.upstream.idle.Store(int64(2 * hb))
+		beat = hb / 2
+	}
+	limit := cfg.WriteQueueBytes
+	s.cw = &writer{s: s, conn: s.clientConn, w: cw, q: newOutQueue(limit), toClient: true, beat: beat,
+		fail: func(err error) { s.stop(fmt.Errorf("writing to client: %w", err)) }}
+	s.uw = &writer{s: s, conn: up, w: uw, q: newOutQueue(limit), beat: beat,
+		fail: func(err error) { s.upstreamReadFailed(fmt.Errorf("writing upstream: %w", err)) }}
+	s.log.Debug("connection open", "channel_max", tuneOk.ChannelMax, "frame_max", tuneOk.FrameMax, "heartbeat", tuneOk.Heartbeat)
+	return true
+}
+
+// dialUpstream connects to RabbitMQ (TLS for amqps://) within the handshake
+// deadline and sets up the upstream read side.
+func (s *session) dialUpstream(ctx context.Context, deadline time.Time) (net.Conn, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	d := net.Dialer{Timeout: s.srv.cfg.DialTimeout}
+	c, err := d.DialContext(ctx, "tcp", s.srv.up.hostport)
+	if err != nil {
+		return nil, err
+	}
+	setNoDelay(c)
+	if s.srv.up.tls != nil {
+		tc := tls.Client(c, s.srv.up.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+		c = tc
+	}
+	s.mu.Lock()
+	if s.aborted {
+		s.mu.Unlock()
+		c.Close()
+		return nil, errServerClosed
+	}
+	s.upConn = c
+	s.mu.Unlock()
+	c.SetWriteDeadline(deadline)
+	s.upstream = &readTimer{Conn: c}
+	s.upstream.setDeadline(deadline)
+	s.ur = wire.NewReader(s.upstream, 128<<10)
+	return c, nil
+}
+
+// upstreamHandshakeFailed tells the client why RabbitMQ could not be
+// reached or spoke out of turn.
+func (s *session) upstreamHandshakeFailed(cw *wire.Writer, err error) bool {
+	s.log.Warn("upstream handshake failed, closing the client connection", "upstream", s.srv.up.hostport, "err", err)
+	e := &wire.Error{Code: wire.ConnectionForced, Text: fmt.Sprintf("delayproxy: handshake with RabbitMQ at %s failed: %v", s.srv.up.hostport, err)}
+	if writeFrame(cw, connCloseFrame(e)) == nil {
+		s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
+		readMethod(s.cr, wire.IDConnectionCloseOk)
+	}
+	return false
+}
+
+// relayHandshakeClose passes RabbitMQ's connection.close (403 refused
+// login, 530 vhost) to the client and the client's close-ok back.
+func (s *session) relayHandshakeClose(cw, uw *wire.Writer, payload []byte) {
+	var cm wire.ConnectionClose
+	if cm.Decode(payload[4:]) == nil {
+		s.log.Info("upstream refused the connection", "code", cm.ReplyCode, "reason", cm.ReplyText)
+	}
+	if writeFrame(cw, appendFrame(nil, wire.FrameMethod, 0, payload)) != nil {
+		return
+	}
+	s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
+	if f, err := readMethod(s.cr, wire.IDConnectionCloseOk); err == nil {
+		writeFrame(uw, appendFrame(nil, wire.FrameMethod, 0, f.Payload))
+	}
+}
+
+// readMethod reads the next method frame on channel 0, skipping
+// heartbeats; want (when not 0) is the only method accepted.
+func readMethod(r *wire.Reader, want wire.MethodID) (wire.Frame, error) {
+	for {
+		f, err := r.ReadFrame()
+		if err != nil {
+			return f, err
+		}
+		if f.Type == wire.FrameHeartbeat {
+			continue
+		}
+		if f.Type != wire.FrameMethod || f.Channel != 0 {
+			return f, fmt.Errorf("%w: frame type %d on channel %d", errHandshake, f.Type, f.Channel)
+		}
+		id, err := wire.PeekMethodID(f.Payload)
+		if err != nil {
+			return f, err
+		}
+		if want != 0 && id != want {
+			return f, fmt.Errorf("%w: got %v, want %v", errHandshake, id, want)
+		}
+		return f, nil
+	}
+}
+
+func writeMethod(w *wire.Writer, ch uint16, m wire.Method) error {
+	return writeFrame(w, methodFrame(nil, ch, m))
+}
+
+func writeFrame(w *wire.Writer, frame []byte) error {
+	if _, err := w.Write(frame); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+// loginUser extracts the user name from a PLAIN or AMQPLAIN response, for
+// logs and the interceptor; the password is never kept.
+func loginUser(mechanism string, resp []byte) string {
+	switch mechanism {
+	case "PLAIN": // authzid NUL authcid NUL password
+		parts := bytes.SplitN(resp, []byte{0}, 3)
+		if len(parts) == 3 {
+			return string(parts[1])
+		}
+	case "AMQPLAIN": // a field table without its length prefix
+		if v, ok, _ := wire.Table(resp).Get("LOGIN"); ok {
+			switch v := v.(type) {
+			case string:
+				return v
+			case []byte:
+				return string(v)
+			}
+		}
+	}
+	return ""
+}

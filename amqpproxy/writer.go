@@ -1,0 +1,378 @@
+package amqpproxy
+
+import (
+	"encoding/binary"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+)
+
+// itemKind says what an outItem carries and how the writer treats it.
+type itemKind uint8
+
+const (
+	// itemRelay is a frame relayed from the other hop, written as it is.
+	itemRelay itemKind = iota
+	// itemLifecycle is a channel.close or close-ok (or a connection method)
+	// made by the proxy: held back while its channel is in the middle of a
+	// content, never dropped.
+	itemLifecycle
+	// itemReply is a method the proxy sends in answer to a client request:
+	// held back while its channel is mid-content, dropped once the channel
+	// is closed on this hop.
+	itemReply
+	// itemConfirm is an upstream basic.ack or basic.nack (tag, multiple)
+	// to translate into client tags; client-bound writer only.
+	itemConfirm
+	// itemLocalConfirm is the ack or nack of one client tag answered by the
+	// proxy itself; client-bound writer only.
+	itemLocalConfirm
+)
+
+// outItem is one unit of a writer's queue.
+type outItem struct {
+	buf      []byte   // an encoded frame (header, payload, frame-end); nil for confirms
+	ch       *Channel // the channel the frame is on; nil for channel 0 and unknown channels
+	tag      uint64   // confirms: the delivery tag
+	kind     itemKind
+	multiple bool // itemConfirm
+	nack     bool // itemConfirm, itemLocalConfirm
+}
+
+// outQueue is a writer's bounded queue. Relayed frames wait for room
+// (back-pressure: the reader that relays them stops reading its socket);
+// frames the proxy makes itself never wait, so goroutines outside the
+// session (an interceptor's store) are never blocked by a slow peer.
+type outQueue struct {
+	mu      sync.Mutex // guards items, bytes, closed
+	items   []outItem
+	bytes   int
+	limit   int
+	closed  bool
+	notFull sync.Cond     // on mu: bytes fell below limit, or closed
+	ready   chan struct{} // capacity 1: items were added, or closed
+}
+
+func newOutQueue(limit int) *outQueue {
+	q := &outQueue{limit: limit, ready: make(chan struct{}, 1)}
+	q.notFull.L = &q.mu
+	return q
+}
+
+func (q *outQueue) signal() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// push appends it, waiting while the queue holds limit bytes or more. It
+// reports false when the queue is closed.
+func (q *outQueue) push(it outItem) bool {
+	q.mu.Lock()
+	for q.bytes >= q.limit && !q.closed {
+		q.notFull.Wait()
+	}
+	ok := q.add(it)
+	q.mu.Unlock()
+	return ok
+}
+
+// pushNow appends it without waiting for room.
+func (q *outQueue) pushNow(it outItem) bool {
+	q.mu.Lock()
+	ok := q.add(it)
+	q.mu.Unlock()
+	return ok
+}
+
+func (q *outQueue) add(it outItem) bool {
+	if q.closed {
+		return false
+	}
+	q.items = append(q.items, it)
+	q.bytes += len(it.buf)
+	if len(q.items) == 1 {
+		q.signal()
+	}
+	return true
+}
+
+// take moves every queued item to dst (which it returns) and reports
+// whether the queue is closed.
+func (q *outQueue) take(dst []outItem) ([]outItem, bool) {
+	q.mu.Lock()
+	dst = append(dst, q.items...)
+	clear(q.items)
+	q.items = q.items[:0]
+	if q.bytes >= q.limit {
+		q.notFull.Broadcast()
+	}
+	q.bytes = 0
+	closed := q.closed
+	q.mu.Unlock()
+	return dst, closed
+}
+
+// close makes push and pushNow fail from now on; the writer writes what is
+// already queued and exits.
+func (q *outQueue) close() {
+	q.mu.Lock()
+	if !q.closed {
+		q.closed = true
+		q.notFull.Broadcast()
+		q.signal()
+	}
+	q.mu.Unlock()
+}
+
+// outState is a writer's view of one channel: whether a content (header and
+// body frames) is in progress on its output, the proxy's frames held back
+// until it ends, and whether the channel has been closed on this hop.
+// Only the writer goroutine of that hop touches it.
+type outState struct {
+	inContent bool
+	remaining uint64 // body bytes still to come; valid after the header
+	gotHeader bool
+	closed    bool
+	held      []outItem
+}
+
+// writer owns one socket's write side: one goroutine drains the queue into a
+// wire.Writer and flushes when the queue is empty, so frames that arrive
+// together leave in one write without a timer.
+type writer struct {
+	s        *session
+	conn     net.Conn
+	w        *wire.Writer
+	q        *outQueue
+	toClient bool          // client-bound: translates confirms, closes channels
+	beat     time.Duration // send a heartbeat after this long without writing; 0: never
+	fail     func(error)   // called once on a write error
+
+	wrote bool     // something was written since the last heartbeat tick
+	tags  []uint64 // scratch for confirm translation
+	buf   []byte   // scratch for frames the writer encodes
+}
+
+var heartbeatFrame = []byte{wire.FrameHeartbeat, 0, 0, 0, 0, 0, 0, wire.FrameEnd}
+
+// run is the writer goroutine. It returns after the queue was closed and
+// drained, or after a write error; either way it closes the socket, which
+// ends the reader of the same socket.
+func (w *writer) run() {
+	defer w.conn.Close()
+	var tick <-chan time.Time
+	if w.beat > 0 {
+		t := time.NewTicker(w.beat)
+		defer t.Stop()
+		tick = t.C
+	}
+	var batch []outItem
+	for {
+		select {
+		case <-w.q.ready:
+		case <-tick:
+			if !w.wrote {
+				if _, err := w.w.Write(heartbeatFrame); err != nil {
+					w.failed(err)
+					return
+				}
+				if err := w.w.Flush(); err != nil {
+					w.failed(err)
+					return
+				}
+			}
+			w.wrote = false
+			continue
+		}
+		for {
+			var closed bool
+			batch, closed = w.q.take(batch[:0])
+			for i := range batch {
+				if err := w.write(&batch[i]); err != nil {
+					w.failed(err)
+					return
+				}
+				batch[i] = outItem{}
+			}
+			if len(batch) > 0 {
+				w.wrote = true
+				continue
+			}
+			if err := w.w.Flush(); err != nil {
+				w.failed(err)
+				return
+			}
+			if closed {
+				return
+			}
+			break
+		}
+	}
+}
+
+func (w *writer) failed(err error) {
+	w.q.close()
+	w.fail(err)
+}
+
+// state returns the writer's view of ch on this hop.
+func (w *writer) state(ch *Channel) *outState {
+	if w.toClient {
+		return &ch.toClient
+	}
+	return &ch.toUpstream
+}
+
+// write writes one item, holding back the proxy's own frames while their
+// channel is mid-content on this hop.
+func (w *writer) write(it *outItem) error {
+	if it.ch == nil {
+		return w.frame(it.buf)
+	}
+	st := w.state(it.ch)
+	if it.kind == itemRelay {
+		if err := w.frame(it.buf); err != nil {
+			return err
+		}
+		if w.track(st, it.buf) && len(st.held) > 0 {
+			held := st.held
+			st.held = nil
+			for i := range held {
+				if err := w.write(&held[i]); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if st.inContent {
+		st.held = append(st.held, *it)
+		return nil
+	}
+	switch it.kind {
+	case itemLifecycle:
+		if err := w.frame(it.buf); err != nil {
+			return err
+		}
+		w.track(st, it.buf)
+		return nil
+	case itemReply:
+		if st.closed {
+			return nil
+		}
+		return w.frame(it.buf)
+	case itemConfirm, itemLocalConfirm:
+		if st.closed {
+			return nil
+		}
+		return w.confirm(it)
+	}
+	return nil
+}
+
+// track follows contents and channel closes in the frames written on ch.
+// It reports whether a content just ended.
+func (w *writer) track(st *outState, frame []byte) bool {
+	payload := frame[wire.FrameHeaderSize : len(frame)-1]
+	switch frame[0] {
+	case wire.FrameMethod:
+		id, err := wire.PeekMethodID(payload)
+		if err != nil {
+			return false
+		}
+		ended := st.inContent // a method cuts a broken content short
+		st.inContent, st.gotHeader = false, false
+		switch {
+		case wire.HasContent(id):
+			st.inContent = true
+		case id == wire.IDChannelClose || id == wire.IDChannelCloseOk:
+			st.closed = true
+		}
+		return ended
+	case wire.FrameHeader:
+		if !st.inContent || st.gotHeader {
+			return false
+		}
+		size, ok := bodySize(payload)
+		if !ok || size == 0 {
+			st.inContent = false
+			return true
+		}
+		st.gotHeader, st.remaining = true, size
+	case wire.FrameBody:
+		if !st.inContent || !st.gotHeader {
+			return false
+		}
+		if uint64(len(payload)) >= st.remaining {
+			st.inContent, st.gotHeader = false, false
+			return true
+		}
+		st.remaining -= uint64(len(payload))
+	}
+	return false
+}
+
+// confirm translates an upstream confirm, or sends a local one, on the
+// client-bound hop.
+func (w *writer) confirm(it *outItem) error {
+	ch := it.ch
+	ch.mu.Lock()
+	cm := ch.confirms
+	if cm == nil {
+		ch.mu.Unlock()
+		if it.kind == itemConfirm { // not a channel we saw confirm.select on: relay
+			return w.frame(encodeConfirm(w.buf[:0], ch.id, it.tag, it.multiple, it.nack))
+		}
+		return nil
+	}
+	w.tags = w.tags[:0]
+	if it.kind == itemConfirm {
+		w.tags = cm.fromUpstream(w.tags, it.tag, it.multiple)
+	} else {
+		w.tags = append(w.tags, it.tag)
+	}
+	var err error
+	cm.mark(w.tags, func(tag uint64, multiple bool) {
+		if err == nil {
+			w.buf = encodeConfirm(w.buf[:0], ch.id, tag, multiple, it.nack)
+			err = w.frame(w.buf)
+		}
+	})
+	ch.mu.Unlock()
+	return err
+}
+
+func (w *writer) frame(b []byte) error {
+	_, err := w.w.Write(b)
+	return err
+}
+
+// encodeConfirm appends a basic.ack or basic.nack frame (requeue=false) to dst.
+func encodeConfirm(dst []byte, ch uint16, tag uint64, multiple, nack bool) []byte {
+	id, size := wire.IDBasicAck, 13
+	if nack {
+		id = wire.IDBasicNack
+	}
+	dst = append(dst, wire.FrameMethod, byte(ch>>8), byte(ch))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(size))
+	dst = binary.BigEndian.AppendUint32(dst, uint32(id))
+	dst = binary.BigEndian.AppendUint64(dst, tag)
+	var bits byte
+	if multiple {
+		bits = 1
+	}
+	return append(dst, bits, wire.FrameEnd)
+}
+
+// bodySize reads the body size of a content header payload:
+// class (2), weight (2), body size (8), properties.
+func bodySize(payload []byte) (uint64, bool) {
+	if len(payload) < 14 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(payload[4:12]), true
+}
