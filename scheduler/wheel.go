@@ -148,6 +148,19 @@ func (w *Wheel) Next() (int64, bool) {
 	return w.nextSlot(), true
 }
 
+// Last is the latest key held, and false when the wheel is empty. A driver
+// that bounds the wheel's size evicts it with Cancel.
+func (w *Wheel) Last() (store.Key, bool) {
+	if w.inSl > 0 {
+		s := w.slots[w.lastSlot()&w.mask]
+		return s[len(s)-1], true
+	}
+	if w.head < len(w.over) {
+		return w.over[len(w.over)-1], true
+	}
+	return store.Key{}, false
+}
+
 // Expire appends to dst every entry due at or before now, in key order, and
 // removes them from the wheel. It never returns an entry due after now.
 func (w *Wheel) Expire(now int64, dst []store.Key) []store.Key {
@@ -245,6 +258,40 @@ func (w *Wheel) nextSlot() int64 {
 	}
 	r := w.firstSet(0)
 	return w.pos + 1 + (w.span - start) + r
+}
+
+// lastSlot is the due time of the last non-empty slot; there must be one.
+func (w *Wheel) lastSlot() int64 {
+	end := w.pos & w.mask // the slot of due pos+span
+	if r := w.lastSet(end); r >= 0 {
+		return w.pos + w.span - (end - r)
+	}
+	return w.pos + w.lastSet(w.span-1) - end
+}
+
+// lastSet is the last slot index <= i whose occupancy bit is set, or -1.
+func (w *Wheel) lastSet(i int64) int64 {
+	wi := i >> 6
+	if b := w.occ[wi] & (2<<(i&63) - 1); b != 0 {
+		return wi<<6 + 63 - int64(bits.LeadingZeros64(b))
+	}
+	if wi == 0 {
+		return -1
+	}
+	wi--
+	si := wi >> 6
+	s := w.sum[si] & (2<<(wi&63) - 1)
+	for {
+		if s != 0 {
+			oi := si<<6 + 63 - int64(bits.LeadingZeros64(s))
+			return oi<<6 + 63 - int64(bits.LeadingZeros64(w.occ[oi]))
+		}
+		if si == 0 {
+			return -1
+		}
+		si--
+		s = w.sum[si]
+	}
 }
 
 // firstSet is the first slot index >= i whose occupancy bit is set, or -1.

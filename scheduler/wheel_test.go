@@ -336,6 +336,10 @@ func checkAgainstOracle(t *testing.T, span int64, next func() (op byte, a, b uin
 			if ok != (len(o) > 0) || ok && next != o[0].Due() {
 				t.Fatalf("step %d: Next = %d, %v; oracle has %d, first due %v", i, next, ok, len(o), dues(o[:min(len(o), 1)]))
 			}
+			last, ok := w.Last()
+			if ok != (len(o) > 0) || ok && last != o[len(o)-1] {
+				t.Fatalf("step %d: Last = %v, %v; oracle has %d", i, dues([]store.Key{last}), ok, len(o))
+			}
 		}
 		if w.Len() != len(o) {
 			t.Fatalf("step %d: Len = %d, oracle %d", i, w.Len(), len(o))

@@ -1,0 +1,137 @@
+package scheduler
+
+import (
+	"sync"
+	"time"
+)
+
+// Clock is the scheduler's source of wall-clock time and its one timer.
+// Due times are wall-clock unix milliseconds, so Now must be the wall clock.
+type Clock interface {
+	Now() time.Time
+	NewTimer(d time.Duration) Timer
+}
+
+// Timer is a resettable one-shot timer, like *time.Timer.
+type Timer interface {
+	// C delivers the time when the timer fires.
+	C() <-chan time.Time
+	// Reset stops the timer and arms it to fire after d; a value from an
+	// earlier arming is no longer received after Reset returns.
+	Reset(d time.Duration)
+	// Stop stops the timer.
+	Stop()
+}
+
+// RealClock is the system clock.
+type RealClock struct{}
+
+// Now is time.Now.
+func (RealClock) Now() time.Time { return time.Now() }
+
+// NewTimer wraps time.NewTimer.
+func (RealClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
+
+type realTimer struct{ t *time.Timer }
+
+func (r realTimer) C() <-chan time.Time   { return r.t.C }
+func (r realTimer) Reset(d time.Duration) { r.t.Reset(d) } // Go 1.23+: no stale value after Reset
+func (r realTimer) Stop()                 { r.t.Stop() }
+
+// ManualClock is a Clock that moves only when told to, for tests and
+// benchmarks. Its timers fire when Advance or Set moves the time to or past
+// their deadline.
+type ManualClock struct {
+	mu     sync.Mutex // guards now and timers
+	now    time.Time
+	timers []*manualTimer
+}
+
+// NewManualClock returns a ManualClock reading t.
+func NewManualClock(t time.Time) *ManualClock { return &ManualClock{now: t} }
+
+// Now returns the clock's time.
+func (c *ManualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward by d and fires the timers that are due.
+func (c *ManualClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.setLocked(c.now.Add(d))
+}
+
+// Set moves the clock to t, backwards too (a wall-clock jump), and fires the
+// timers that are due.
+func (c *ManualClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.setLocked(t)
+}
+
+func (c *ManualClock) setLocked(t time.Time) {
+	c.now = t
+	for _, tm := range c.timers {
+		tm.fireIfDue(t)
+	}
+}
+
+// NewTimer returns a timer that fires once the clock reaches Now()+d.
+func (c *ManualClock) NewTimer(d time.Duration) Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tm := &manualTimer{c: c, ch: make(chan time.Time, 1)}
+	c.timers = append(c.timers, tm)
+	tm.armLocked(d)
+	return tm
+}
+
+// manualTimer is a ManualClock's timer; its fields are guarded by c.mu.
+type manualTimer struct {
+	c        *ManualClock
+	ch       chan time.Time
+	deadline time.Time
+	armed    bool
+}
+
+func (t *manualTimer) C() <-chan time.Time { return t.ch }
+
+func (t *manualTimer) Reset(d time.Duration) {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	t.armLocked(d)
+}
+
+func (t *manualTimer) Stop() {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	t.armed = false
+	t.drain()
+}
+
+func (t *manualTimer) armLocked(d time.Duration) {
+	t.drain()
+	t.deadline = t.c.now.Add(d)
+	t.armed = true
+	t.fireIfDue(t.c.now)
+}
+
+func (t *manualTimer) fireIfDue(now time.Time) {
+	if t.armed && !now.Before(t.deadline) {
+		t.armed = false
+		select {
+		case t.ch <- now:
+		default:
+		}
+	}
+}
+
+func (t *manualTimer) drain() {
+	select {
+	case <-t.ch:
+	default:
+	}
+}
