@@ -100,10 +100,7 @@ func (c *confirms) fromUpstream(dst []uint64, tag uint64, multiple bool) []uint6
 			}
 			c.upBase++
 		}
-		return dst
-	}
-	p := c.relayed.at(int(tag - c.upBase))
-	if *p != 0 {
+	} else if p := c.relayed.at(int(tag - c.upBase)); *p != 0 {
 		dst = append(dst, *p)
 		*p = 0
 	}

@@ -144,7 +144,6 @@ type outState struct {
 // wire.Writer and flushes when the queue is empty, so frames that arrive
 // together leave in one write without a timer.
 type writer struct {
-	s        *session
 	conn     net.Conn
 	w        *wire.Writer
 	q        *outQueue
