@@ -94,7 +94,11 @@ func FuzzDecodeMethod(f *testing.F) {
 		f.Add(p)
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
+		ex, rk, peekErr := PeekPublish(payload)
 		m, err := DecodeMethod(payload)
+		if p, ok := m.(*BasicPublish); ok && (peekErr != nil || string(ex) != p.Exchange || string(rk) != p.RoutingKey) {
+			t.Fatalf("PeekPublish = %q, %q, %v; DecodeMethod = %+v", ex, rk, peekErr, p)
+		}
 		if err != nil {
 			var e *Error
 			if !errors.As(err, &e) || (e.Code != FrameError && e.Code != CommandInvalid) {

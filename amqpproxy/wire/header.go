@@ -332,13 +332,6 @@ func SetHeader(rawProps []byte, name string, v any) ([]byte, error) {
 	if s := spans[2]; s[1]-s[0] > 4 {
 		old = Table(rawProps[s[0]+4 : s[1] : s[1]])
 	}
-	headers, err := old.Set(name, v)
-	if err != nil {
-		return nil, err
-	}
-	if uint64(len(headers)) > math.MaxUint32 {
-		return nil, ErrTooLong
-	}
 	// The list before headers is content-type and content-encoding; the
 	// rest follows headers.
 	listStart := end
@@ -348,20 +341,28 @@ func SetHeader(rawProps []byte, name string, v any) ([]byte, error) {
 			break
 		}
 	}
-	before, after := listStart, listStart
+	before := listStart
 	for i := 0; i < 2; i++ {
 		if s := spans[i]; s[1] > s[0] {
 			before = s[1]
 		}
 	}
-	after = before
+	after := before
 	if s := spans[2]; s[1] > s[0] {
 		after = s[1]
 	}
-	out := make([]byte, 0, 2+(end-listStart)+len(headers)-len(old)+4)
+	out := make([]byte, 0, 2+(end-listStart)+len(name)+32)
 	out = binary.BigEndian.AppendUint16(out, flags|FlagHeaders)
 	out = append(out, rawProps[listStart:before]...)
-	out = appendTable(out, headers)
+	out = append(out, 0, 0, 0, 0)
+	start := len(out)
+	if out, err = old.appendSet(out, name, v); err != nil {
+		return nil, err
+	}
+	if uint64(len(out)-start) > math.MaxUint32 {
+		return nil, ErrTooLong
+	}
+	binary.BigEndian.PutUint32(out[start-4:start], uint32(len(out)-start))
 	out = append(out, rawProps[after:end]...)
 	return out, nil
 }

@@ -79,6 +79,25 @@ func DecodeMethod(payload []byte) (Method, error) {
 	return m, nil
 }
 
+// PeekPublish returns the exchange and routing key of a basic.publish
+// method frame payload without allocating: both alias payload. It checks
+// only what it reads; DecodeMethod checks the whole method.
+func PeekPublish(payload []byte) (exchange, routingKey []byte, err error) {
+	if id, err := PeekMethodID(payload); err != nil {
+		return nil, nil, err
+	} else if id != IDBasicPublish {
+		return nil, nil, &Error{Code: CommandInvalid, Text: "not basic.publish: " + id.String(), ClassID: id.Class(), MethodID: id.Method()}
+	}
+	d := decoder{b: payload, off: 4}
+	d.short() // reserved-1
+	exchange = d.take(int(d.octet()))
+	routingKey = d.take(int(d.octet()))
+	if d.trunc {
+		return nil, nil, methodError(IDBasicPublish, ErrShort)
+	}
+	return exchange, routingKey, nil
+}
+
 // AppendMethod appends a whole method frame payload (class id, method id,
 // arguments) to dst. Like Method.Append it never fails.
 func AppendMethod(dst []byte, m Method) []byte {

@@ -307,3 +307,21 @@ func TestGeneratedFileIsCurrent(t *testing.T) {
 		t.Fatal("methods_gen.go is stale: run go generate ./amqpproxy/wire")
 	}
 }
+
+func TestPeekPublish(t *testing.T) {
+	payload := AppendMethod(nil, &BasicPublish{Exchange: "orders.delayed", RoutingKey: "eu", Mandatory: true})
+	ex, rk, err := PeekPublish(payload)
+	if err != nil || string(ex) != "orders.delayed" || string(rk) != "eu" {
+		t.Fatalf("PeekPublish = %q, %q, %v", ex, rk, err)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { PeekPublish(payload) }); allocs != 0 {
+		t.Fatalf("PeekPublish allocates %v times", allocs)
+	}
+	for n := range len(payload) - 1 { // the bits octet is not read
+		if _, _, err := PeekPublish(payload[:n]); err == nil {
+			t.Fatalf("accepted a %d-byte prefix", n)
+		}
+	}
+	_, _, err = PeekPublish(AppendMethod(nil, &BasicAck{}))
+	assertCode(t, err, CommandInvalid, nil)
+}

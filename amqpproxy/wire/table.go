@@ -295,10 +295,18 @@ func (t Table) Delete(names ...string) Table {
 // none the entry is appended. Every other entry is copied byte-exact. t must
 // be well-formed up to the entries it keeps.
 func (t Table) Set(name string, v any) (Table, error) {
+	out, err := t.appendSet(make(Table, 0, len(t)+len(name)+16), name, v)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// appendSet appends the entries of t.Set(name, v) to dst.
+func (t Table) appendSet(dst []byte, name string, v any) ([]byte, error) {
 	if len(name) > math.MaxUint8 {
 		return nil, &Error{Code: SyntaxError, Text: "table entry name of " + strconv.Itoa(len(name)) + " bytes", cause: ErrTooLong}
 	}
-	out := make(Table, 0, len(t)+len(name)+16)
 	done := false
 	for off := 0; off < len(t); {
 		e, err := t.next(off, false)
@@ -306,9 +314,9 @@ func (t Table) Set(name string, v any) (Table, error) {
 			return nil, err
 		}
 		if string(e.name) != name {
-			out = append(out, t[off:e.end]...)
+			dst = append(dst, t[off:e.end]...)
 		} else if !done {
-			if out, err = appendEntry(out, name, v); err != nil {
+			if dst, err = appendEntry(dst, name, v); err != nil {
 				return nil, err
 			}
 			done = true
@@ -316,12 +324,9 @@ func (t Table) Set(name string, v any) (Table, error) {
 		off = e.end
 	}
 	if !done {
-		var err error
-		if out, err = appendEntry(out, name, v); err != nil {
-			return nil, err
-		}
+		return appendEntry(dst, name, v)
 	}
-	return out, nil
+	return dst, nil
 }
 
 // EncodeTable encodes m with its keys in sorted order, so equal maps give

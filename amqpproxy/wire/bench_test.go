@@ -1,0 +1,112 @@
+package wire
+
+import "testing"
+
+// Micro-benchmarks of the relay's per-frame work. End-to-end figures live in
+// bench/.
+
+func publishFrames(b *testing.B) (method, header []byte) {
+	headers, err := EncodeTable(map[string]any{"x-delay": int32(1500), "trace-id": "4bf92f3577b34da6a3ce929d0e0e4736", "attempt": int8(1)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := Properties{ContentType: "application/json", Headers: headers, DeliveryMode: 2, Priority: 5, MessageID: "order-12345", Timestamp: 1700000000, AppID: "shop"}
+	method = AppendMethod(nil, &BasicPublish{Exchange: "orders.delayed", RoutingKey: "order.created.eu"})
+	header = AppendContentHeader(nil, ContentHeader{ClassID: 60, BodySize: 512, Properties: p.Append(nil)})
+	return method, header
+}
+
+func BenchmarkPeekMethodID(b *testing.B) {
+	m, _ := publishFrames(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := PeekMethodID(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecodeMethod_BasicPublish(b *testing.B) {
+	m, _ := publishFrames(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeMethod(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkBasicPublishDecode_Struct(b *testing.B) {
+	m, _ := publishFrames(b)
+	var p BasicPublish
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := p.Decode(m[4:]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPeekPublish(b *testing.B) {
+	m, _ := publishFrames(b)
+	delayed := map[string]bool{"orders.delayed": true}
+	b.ReportAllocs()
+	for b.Loop() {
+		ex, _, err := PeekPublish(m)
+		if err != nil || !delayed[string(ex)] {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkAppendMethod_BasicPublish(b *testing.B) {
+	p := &BasicPublish{Exchange: "orders.delayed", RoutingKey: "order.created.eu"}
+	buf := make([]byte, 0, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendMethod(buf[:0], p)
+	}
+}
+
+func BenchmarkDecodeContentHeader(b *testing.B) {
+	_, h := publishFrames(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeContentHeader(h); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecodeProperties(b *testing.B) {
+	_, h := publishFrames(b)
+	raw := h[12:]
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeProperties(raw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkTableGet(b *testing.B) {
+	_, h := publishFrames(b)
+	p, _ := DecodeProperties(h[12:])
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok, err := p.Headers.Get("x-delay"); !ok || err != nil {
+			b.Fatal(ok, err)
+		}
+	}
+}
+
+func BenchmarkSetHeader(b *testing.B) {
+	_, h := publishFrames(b)
+	raw := h[12:]
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := SetHeader(raw, "x-delay", int64(-1500)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
