@@ -74,6 +74,20 @@ func (e *Error) Error() string {
 // Unwrap returns the sentinel error this one refines, if any.
 func (e *Error) Unwrap() error { return e.cause }
 
+// CloseMethod is the method that reports e to the peer, with reply-text
+// as RabbitMQ writes it ("NOT_FOUND - no queue 'q'"): connection.close for a
+// hard error, channel.close otherwise.
+func (e *Error) CloseMethod() Method {
+	text := ReplyText(e.Code)
+	if e.Text != "" {
+		text += " - " + e.Text
+	}
+	if e.Hard() {
+		return &ConnectionClose{ReplyCode: e.Code, ReplyText: text, ClassID: e.ClassID, MethodID: e.MethodID}
+	}
+	return &ChannelClose{ReplyCode: e.Code, ReplyText: text, ClassID: e.ClassID, MethodID: e.MethodID}
+}
+
 // Hard reports whether the code closes the whole connection.
 func (e *Error) Hard() bool { return IsHard(e.Code) }
 

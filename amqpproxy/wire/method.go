@@ -283,7 +283,11 @@ func checkTable(field string, t Table) error {
 		return err
 	}
 	if err := t.Validate(); err != nil {
-		return &Error{Code: SyntaxError, Text: field + ": " + err.Error(), cause: err}
+		text := err.Error()
+		if e, ok := err.(*Error); ok {
+			text = e.Text
+		}
+		return &Error{Code: SyntaxError, Text: field + ": " + text, cause: err}
 	}
 	return nil
 }

@@ -325,3 +325,20 @@ func TestPeekPublish(t *testing.T) {
 	_, _, err = PeekPublish(AppendMethod(nil, &BasicAck{}))
 	assertCode(t, err, CommandInvalid, nil)
 }
+
+func TestErrorCloseMethod(t *testing.T) {
+	_, err := DecodeMethod([]byte{0, 60, 0, 10, 0, 0, 0})
+	var e *Error
+	if !errors.As(err, &e) {
+		t.Fatal(err)
+	}
+	c, ok := e.CloseMethod().(*ConnectionClose)
+	if !ok || c.ReplyCode != FrameError || c.ClassID != 60 || c.MethodID != 10 ||
+		c.ReplyText != "FRAME_ERROR - cannot decode basic.qos: truncated field" {
+		t.Fatalf("%+v", e.CloseMethod())
+	}
+	soft := &Error{Code: NotFound, Text: "no queue 'q'", ClassID: 50, MethodID: 10}
+	if ch, ok := soft.CloseMethod().(*ChannelClose); !ok || ch.ReplyText != "NOT_FOUND - no queue 'q'" || ch.ClassID != 50 {
+		t.Fatalf("%+v", soft.CloseMethod())
+	}
+}
