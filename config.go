@@ -464,9 +464,9 @@ func (c Config) LogValue() slog.Value {
 		slog.Float64("release_rate", c.ReleaseRate),
 		slog.String("max_delay", formatDuration(c.MaxDelay)),
 		slog.String("max_message_size", formatSize(c.MaxMessageSize)),
-		slog.Duration("handshake_timeout", c.HandshakeTimeout),
-		slog.Duration("heartbeat", c.Heartbeat),
-		slog.Duration("shutdown_grace", c.ShutdownGrace),
+		slog.String("handshake_timeout", formatDuration(c.HandshakeTimeout)),
+		slog.String("heartbeat", formatDuration(c.Heartbeat)),
+		slog.String("shutdown_grace", formatDuration(c.ShutdownGrace)),
 		slog.String("log_level", c.LogLevel),
 		slog.String("log_format", c.LogFormat),
 	)

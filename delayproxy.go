@@ -39,13 +39,13 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	st, err := store.Open(path, store.Options{})
+	m := metrics.New()
+	st, err := store.Open(path, store.Options{OnCommit: m.Commit})
 	if err != nil {
 		return fmt.Errorf("open store %s: %w", path, err)
 	}
 	defer func() { err = errors.Join(err, st.Close()) }()
 
-	m := metrics.New()
 	if err := m.RegisterStore(st, path); err != nil {
 		return err
 	}
@@ -67,7 +67,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		"version", VersionString(), "http", srv.Addr().String(), "pending", st.Pending(), "config", p.cfg)
 
 	<-ctx.Done()
-	p.log.Info("shutting down", "grace", p.cfg.ShutdownGrace)
+	p.log.Info("shutting down", "grace", p.cfg.ShutdownGrace.String())
 	sctx, cancel := context.WithTimeout(context.Background(), p.cfg.ShutdownGrace)
 	defer cancel()
 	return srv.Shutdown(sctx)

@@ -45,7 +45,7 @@ type messageJSON struct {
 	RoutingKey string `json:"routing_key"`
 	MessageID  string `json:"message_id,omitempty"`
 	Mandatory  bool   `json:"mandatory"`
-	Size       int    `json:"size"`           // body bytes
+	Size       *int   `json:"size,omitempty"` // body bytes; only with ?body=true (List without bodies does not know it)
 	Body       []byte `json:"body,omitempty"` // base64, only with ?body=true
 }
 
@@ -105,7 +105,7 @@ func setCount(e *exchangeJSON, c store.ExchangeCount) {
 // exchange resolves {vhost}/{name}, writing a 404 when it is not a delayed
 // exchange.
 func (s *Server) exchange(w http.ResponseWriter, r *http.Request) (store.ExchangeDef, bool) {
-	vhost, name := r.PathValue("vhost"), r.PathValue("name")
+	vhost, name := pathValue(r, "vhost"), pathValue(r, "name")
 	def, ok := s.opts.Engine.Exchange(vhost, name)
 	if !ok {
 		writeError(w, http.StatusNotFound, "no delayed exchange %q in vhost %q", name, vhost)
@@ -176,7 +176,7 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 		mj := messageJSON{
 			Key: hex.EncodeToString(m.Key[:]), Due: formatMs(m.Due), DueMs: m.Due,
 			DelayMs: m.Delay, Priority: m.Priority, RoutingKey: m.RoutingKey,
-			MessageID: m.MessageID, Mandatory: m.Mandatory, Size: messageSize(m),
+			MessageID: m.MessageID, Mandatory: m.Mandatory,
 		}
 		if withBody {
 			if i > 0 && len(m.Body) > budget {
@@ -184,7 +184,8 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 				break
 			}
 			budget -= len(m.Body)
-			mj.Body = m.Body
+			size := len(m.Body)
+			mj.Size, mj.Body = &size, m.Body
 			if mj.Body == nil {
 				mj.Body = []byte{} // present, empty
 			}
@@ -197,9 +198,6 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, resp)
 }
-
-// messageSize is the body size of m.
-func messageSize(m *store.Message) int { return len(m.Body) }
 
 func (s *Server) cancelExchange(w http.ResponseWriter, r *http.Request) {
 	def, ok := s.exchange(w, r)
@@ -220,7 +218,7 @@ func (s *Server) cancelID(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	id := r.PathValue("id")
+	id := pathValue(r, "id")
 	n, err := s.opts.Engine.Cancel(r.Context(), def.VHost, def.Name, id)
 	if err != nil {
 		s.storeError(w, r, err)
@@ -235,26 +233,24 @@ func (s *Server) cancelID(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) cancelKey(w http.ResponseWriter, r *http.Request) {
-	key, err := parseKey(r.PathValue("key"))
+	key, err := parseKey(pathValue(r, "key"))
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "key %q: %v", r.PathValue("key"), err)
+		writeError(w, http.StatusBadRequest, "key %q: %v", pathValue(r, "key"), err)
 		return
 	}
 	def, ok := s.exchange(w, r)
 	if !ok {
 		return
 	}
-	// The key must belong to this exchange: list from just before it.
-	prev, hasPrev := predecessor(key)
-	var found bool
-	if hasPrev {
-		msgs, err := s.opts.Engine.List(def.VHost, def.Name, prev, 1, false)
-		if err != nil {
-			s.storeError(w, r, err)
-			return
-		}
-		found = len(msgs) == 1 && msgs[0].Key == key
+	// The key must be a pending message of this exchange (of its current
+	// incarnation: older ones are already cancelled).
+	msgs, err := s.opts.Engine.Get([]store.Key{key})
+	if err != nil {
+		s.storeError(w, r, err)
+		return
 	}
+	m := msgs[0]
+	found := m != nil && m.VHost == def.VHost && m.Exchange == def.Name && m.Incarnation == def.Incarnation
 	if found {
 		found, err = s.opts.Engine.CancelKey(r.Context(), key)
 		if err != nil {
@@ -280,6 +276,10 @@ func (s *Server) cancelled(r *http.Request, n int, attrs ...any) {
 // storeError answers an Engine failure: 503 when the store is closed
 // (shutting down), else 500.
 func (s *Server) storeError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, store.ErrUnknownExchange) { // deleted meanwhile
+		writeError(w, http.StatusNotFound, "%v", err)
+		return
+	}
 	if errors.Is(err, store.ErrClosed) {
 		writeError(w, http.StatusServiceUnavailable, "%v", err)
 		return
@@ -298,18 +298,6 @@ func parseKey(s string) (store.Key, error) {
 		return k, errors.New("not hex")
 	}
 	return k, nil
-}
-
-// predecessor is the key just before k in byte order; false for the zero key.
-func predecessor(k store.Key) (store.Key, bool) {
-	for i := len(k) - 1; i >= 0; i-- {
-		if k[i] > 0 {
-			k[i]--
-			return k, true
-		}
-		k[i] = 0xff
-	}
-	return store.Key{}, false
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -55,6 +56,8 @@ type Engine interface {
 	// Cancel removes every pending message of the exchange with that
 	// message-id and returns how many it removed.
 	Cancel(ctx context.Context, vhost, exchange, messageID string) (int, error)
+	// Get reads messages by key; nil entries for keys not stored.
+	Get(keys []store.Key) ([]*store.Message, error)
 	// CancelKey removes one pending message; false if it was not pending.
 	CancelKey(ctx context.Context, key store.Key) (bool, error)
 	// CancelExchange removes every pending message of the exchange.
@@ -145,7 +148,7 @@ func (s *Server) routes() http.Handler {
 		writeText(w, http.StatusOK, "ok")
 	})
 	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.Handle("/api/", s.auth(api))
+	mux.Handle("/api/", s.auth(escapeSegments(api)))
 	return mux
 }
 
@@ -165,6 +168,38 @@ func (s *Server) auth(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// escapeSegments escapes every segment of the request path once more before
+// the API mux sees it, and pathValue undoes it. ServeMux never matches a
+// {wildcard} against a segment that unescapes to "/" (it takes it for a
+// trailing slash), and the default vhost "/" arrives as exactly that: %2F.
+// Escaped twice, %2F reaches the mux as %252F, matches, and pathValue
+// turns it back into "/". Literal segments (api, exchanges, messages,
+// by-key) are unchanged by escaping.
+func escapeSegments(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		segs := strings.Split(r.URL.EscapedPath(), "/")
+		for i, seg := range segs {
+			segs[i] = url.PathEscape(seg)
+		}
+		u := *r.URL
+		u.RawPath = strings.Join(segs, "/")
+		u.Path = r.URL.EscapedPath() // = PathUnescape(u.RawPath)
+		r2 := r.WithContext(r.Context())
+		r2.URL = &u
+		next.ServeHTTP(w, r2)
+	})
+}
+
+// pathValue is the unescaped path segment of the named wildcard (see
+// escapeSegments).
+func pathValue(r *http.Request, name string) string {
+	v, err := url.PathUnescape(r.PathValue(name))
+	if err != nil {
+		return r.PathValue(name)
+	}
+	return v
 }
 
 // bearer extracts the token of an "Authorization: Bearer <token>" header.

@@ -278,15 +278,6 @@ func (m *Metrics) ReleaseLateness(late time.Duration) {
 	m.lateness.Observe(late.Seconds())
 }
 
-// Commit records one store group commit of n messages that took d.
-func (m *Metrics) Commit(d time.Duration, n int) {
-	if m == nil {
-		return
-	}
-	m.commitTime.Observe(d.Seconds())
-	m.commitBatch.Observe(float64(n))
-}
-
 // UpstreamReconnect records a reconnection of the releaser to RabbitMQ.
 func (m *Metrics) UpstreamReconnect() {
 	if m == nil {
@@ -295,17 +286,33 @@ func (m *Metrics) UpstreamReconnect() {
 	m.upstreamReconnects.Inc()
 }
 
+// Commit records one store group commit; pass it as store.Options.OnCommit.
+// Failed commits are counted from Stats, not here.
+func (m *Metrics) Commit(ci store.CommitInfo) {
+	if m == nil || ci.Err != nil {
+		return
+	}
+	m.commitTime.Observe(ci.Duration.Seconds())
+	m.commitBatch.Observe(float64(ci.Messages + ci.Deletes))
+}
+
 // Store is what the scrape-time store collector reads; *store.Store has it.
+// Every method is cheap: in-memory counters or one cursor seek.
 type Store interface {
-	// Counts lists pending messages per delayed exchange, O(exchanges).
-	Counts() []store.ExchangeCount
-	// Stats returns the cumulative counters of the group-commit writer.
+	// Exchanges lists the registered delayed exchanges.
+	Exchanges() []store.ExchangeDef
+	// Count is the number of pending messages of one exchange, O(1).
+	Count(vhost, exchange string) int64
+	// NextDue is the earliest due time of any stored message.
+	NextDue() (int64, bool)
+	// Stats returns the cumulative counters of the store.
 	Stats() store.Stats
 }
 
 // RegisterStore adds collectors that read s at scrape time: pending messages
-// and next due time per exchange, writer totals, and the size of the file at
-// path (skipped when path is ""). Call it once, after the store is open.
+// per exchange, the earliest due time, the writer's totals, and the size of
+// the file at path (skipped when path is ""). Call it once, after the store
+// is open. A scrape costs O(delayed exchanges).
 func (m *Metrics) RegisterStore(s Store, path string) error {
 	return m.reg.Register(&storeCollector{s: s, path: path})
 }
@@ -314,20 +321,25 @@ var (
 	descPending = prometheus.NewDesc(namespace+"_pending_messages",
 		"Delayed messages stored and not yet released, per delayed exchange.",
 		[]string{"vhost", "exchange"}, nil)
-	descNextDue = prometheus.NewDesc(namespace+"_pending_next_due_timestamp_seconds",
-		"Due time of the earliest pending message of a delayed exchange (absent when none is pending); "+
-			"time() minus it is how far release is behind.",
-		[]string{"vhost", "exchange"}, nil)
+	descNextDue = prometheus.NewDesc(namespace+"_next_due_timestamp_seconds",
+		"Due time of the earliest stored message (absent when none); time() minus it, when positive, is how far release is behind.",
+		nil, nil)
+	descStale = prometheus.NewDesc(namespace+"_store_stale_messages",
+		"Stored messages of deleted or cancelled exchanges, waiting to be discarded.", nil, nil)
 	descCommits = prometheus.NewDesc(namespace+"_store_commits_total",
-		"Write transactions committed by the store.", nil, nil)
+		"Group commits of the store.", nil, nil)
 	descFailedCommits = prometheus.NewDesc(namespace+"_store_commit_failures_total",
-		"Store write transactions that failed.", nil, nil)
+		"Store group commits that failed.", nil, nil)
 	descCommitSeconds = prometheus.NewDesc(namespace+"_store_commit_seconds_total",
-		"Total time spent in store commits, fsync included.", nil, nil)
+		"Total time spent in store group commits, fsync included.", nil, nil)
 	descWritten = prometheus.NewDesc(namespace+"_store_written_messages_total",
 		"Messages written by the store.", nil, nil)
-	descDeleted = prometheus.NewDesc(namespace+"_store_deleted_keys_total",
-		"Keys deleted by the store (released, cancelled or discarded).", nil, nil)
+	descDeleted = prometheus.NewDesc(namespace+"_store_deleted_messages_total",
+		"Messages removed from the store (released, cancelled or discarded).", nil, nil)
+	descCascades = prometheus.NewDesc(namespace+"_store_cascades_total",
+		"Passes that sorted far buckets into time slots.", nil, nil)
+	descCascaded = prometheus.NewDesc(namespace+"_store_cascaded_messages_total",
+		"Messages moved from far buckets into time slots.", nil, nil)
 	descFileBytes = prometheus.NewDesc(namespace+"_store_file_bytes",
 		"Size of the store file; bbolt files never shrink.", nil, nil)
 )
@@ -340,26 +352,30 @@ type storeCollector struct {
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		descPending, descNextDue, descCommits, descFailedCommits, descCommitSeconds,
-		descWritten, descDeleted, descFileBytes,
+		descPending, descNextDue, descStale, descCommits, descFailedCommits, descCommitSeconds,
+		descWritten, descDeleted, descCascades, descCascaded, descFileBytes,
 	} {
 		ch <- d
 	}
 }
 
 func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, ec := range c.s.Counts() {
-		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(ec.Pending), ec.VHost, ec.Exchange)
-		if ec.Pending > 0 && ec.NextDue > 0 {
-			ch <- prometheus.MustNewConstMetric(descNextDue, prometheus.GaugeValue, float64(ec.NextDue)/1e3, ec.VHost, ec.Exchange)
-		}
+	for _, d := range c.s.Exchanges() {
+		n := c.s.Count(d.VHost, d.Name)
+		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(n), d.VHost, d.Name)
+	}
+	if due, ok := c.s.NextDue(); ok {
+		ch <- prometheus.MustNewConstMetric(descNextDue, prometheus.GaugeValue, float64(due)/1e3)
 	}
 	st := c.s.Stats()
+	ch <- prometheus.MustNewConstMetric(descStale, prometheus.GaugeValue, float64(st.Stale))
 	ch <- prometheus.MustNewConstMetric(descCommits, prometheus.CounterValue, float64(st.Commits))
 	ch <- prometheus.MustNewConstMetric(descFailedCommits, prometheus.CounterValue, float64(st.FailedCommits))
-	ch <- prometheus.MustNewConstMetric(descCommitSeconds, prometheus.CounterValue, float64(st.CommitNanos)/1e9)
+	ch <- prometheus.MustNewConstMetric(descCommitSeconds, prometheus.CounterValue, st.CommitTime.Seconds())
 	ch <- prometheus.MustNewConstMetric(descWritten, prometheus.CounterValue, float64(st.Messages))
 	ch <- prometheus.MustNewConstMetric(descDeleted, prometheus.CounterValue, float64(st.Deletes))
+	ch <- prometheus.MustNewConstMetric(descCascades, prometheus.CounterValue, float64(st.Cascades))
+	ch <- prometheus.MustNewConstMetric(descCascaded, prometheus.CounterValue, float64(st.CascadedMessages))
 	if c.path != "" {
 		if fi, err := os.Stat(c.path); err == nil {
 			ch <- prometheus.MustNewConstMetric(descFileBytes, prometheus.GaugeValue, float64(fi.Size()))

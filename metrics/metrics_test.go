@@ -34,7 +34,8 @@ func touch(m *Metrics) {
 	m.Refused(RefusedDelayTooLong)
 	m.Refused(RefusedDelayTooLong)
 	m.ReleaseLateness(3 * time.Millisecond)
-	m.Commit(2*time.Millisecond, 64)
+	m.Commit(store.CommitInfo{Messages: 60, Deletes: 4, Duration: 2 * time.Millisecond})
+	m.Commit(store.CommitInfo{Messages: 1, Err: store.ErrFull}) // not observed
 	m.UpstreamReconnect()
 }
 
@@ -95,7 +96,7 @@ func TestHistograms(t *testing.T) {
 	m := New()
 	m.ReleaseLateness(700 * time.Microsecond) // into the 1 ms bucket
 	m.ReleaseLateness(2 * time.Hour)          // above every bucket
-	m.Commit(3*time.Millisecond, 1000)
+	m.Commit(store.CommitInfo{Messages: 1000, Duration: 3 * time.Millisecond})
 	want := `
 # HELP delayproxy_store_commit_batch_messages Messages written or deleted by one store group commit.
 # TYPE delayproxy_store_commit_batch_messages histogram
@@ -236,8 +237,8 @@ delayproxy_pending_messages{exchange="orders",vhost="/"} 3
 			found[key] = v
 		}
 	}
-	if got, want := found["delayproxy_pending_next_due_timestamp_seconds,exchange=orders,vhost=/"], float64(due)/1e3; got != want {
-		t.Errorf("next due of orders = %v, want %v", got, want)
+	if got, want := found["delayproxy_next_due_timestamp_seconds"], float64(due)/1e3; got != want {
+		t.Errorf("next due = %v, want %v", got, want)
 	}
 	if found["delayproxy_store_file_bytes"] <= 0 {
 		t.Errorf("delayproxy_store_file_bytes = %v, want > 0", found["delayproxy_store_file_bytes"])
