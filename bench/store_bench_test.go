@@ -228,8 +228,10 @@ func prefilled(b *testing.B, layout storeLayout, pending int) string {
 		return path
 	}
 	start := time.Now()
-	tmp := path + ".building"
-	os.Remove(tmp)
+	// Another process may be building the same file: build under a name of
+	// our own and rename, so neither sees a half-built file.
+	tmp := fmt.Sprintf("%s.building-%d", path, os.Getpid())
+	defer os.Remove(tmp)
 	opts := layout.opts
 	opts.NoSync = true
 	s, err := store.Open(tmp, opts)
