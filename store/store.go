@@ -63,6 +63,7 @@ type Store struct {
 	farMs    int64 // far bucket width in ms, as recorded in the file
 	leadMs   int64
 	maxBatch int
+	passMax  int // most messages per cascade pass (cascadePassMax; tests lower it)
 
 	nextSeq atomic.Uint64 // next sequence handed out to Put
 
@@ -137,6 +138,7 @@ func Open(path string, opts Options) (*Store, error) {
 		opts:      o,
 		leadMs:    o.CascadeLead.Milliseconds(),
 		maxBatch:  o.MaxBatch,
+		passMax:   cascadePassMax,
 		reqs:      make(chan *request, requestQueue),
 		done:      make(chan struct{}),
 		exchanges: make(map[exKey]ExchangeDef),

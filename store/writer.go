@@ -18,7 +18,11 @@ import (
 
 // cascadePassMax bounds the messages one cascade pass moves (and keeps in
 // memory), after the bbolt advice of at most ~100k inserts per transaction.
-const cascadePassMax = 100_000
+const cascadePassMax = 100_000 // Store.passMax
+
+// maxYields bounds how often the writer yields the processor while the
+// queue keeps growing before it commits.
+const maxYields = 16
 
 type opKind uint8
 
@@ -103,7 +107,7 @@ func (s *Store) run() {
 		// the queue runs dry, yield once so that callers just released by
 		// the previous commit can queue again: with many writers this keeps
 		// batches full instead of alternating full and tiny ones. No timer.
-		yielded := false
+		yields, sinceYield := 0, 0
 	gather:
 		for open && n < s.maxBatch {
 			select {
@@ -113,11 +117,13 @@ func (s *Store) run() {
 					break gather
 				}
 				take(r)
+				sinceYield++
 			default:
-				if yielded || n == 0 {
+				if n == 0 || yields == maxYields || (yields > 0 && sinceYield == 0) {
 					break gather
 				}
-				yielded = true
+				yields++
+				sinceYield = 0
 				runtime.Gosched()
 			}
 		}
@@ -664,8 +670,7 @@ func (s *Store) cascadePass(target int64) error {
 
 // collect returns, sorted, the keys of fb due in [lo, hi) and the end of
 // the range they cover: hi, or an earlier slot boundary when more than
-// cascadePassMax messages are due in [lo, hi). A single slot is always
-// taken whole.
+// passMax messages are due in [lo, hi). A single slot is always taken whole.
 func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]Key, int64) {
 	h := &keyHeap{}
 	evicted := int64(math.MaxInt64) // earliest due among keys dropped from the heap
@@ -676,7 +681,7 @@ func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]Key, int64) {
 			continue
 		}
 		heap.Push(h, keyFromFar(k))
-		if h.Len() > cascadePassMax {
+		if h.Len() > s.passMax {
 			evicted = min(evicted, heap.Pop(h).(Key).Due())
 		}
 	}
@@ -687,7 +692,7 @@ func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]Key, int64) {
 	}
 	limit := evicted / s.slotMs * s.slotMs
 	if limit <= lo {
-		// One slot holds more than cascadePassMax messages: take it whole.
+		// One slot holds more than passMax messages: take it whole.
 		limit = lo + s.slotMs
 		keys = keys[:0]
 		for k, _ := c.First(); k != nil; k, _ = c.Next() {
