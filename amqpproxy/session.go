@@ -206,8 +206,12 @@ func (s *session) clientReadFailed(err error) {
 	switch {
 	case s.stopped():
 	case errors.As(err, &we):
-		// The stream is out of step: say why, then hang up.
+		// The stream is out of step: say why, read (and drop) what the
+		// client still sends, so that closing the socket does not reset the
+		// connection before the client has read connection.close, then
+		// hang up.
 		s.closeConn(we)
+		s.drainClient()
 		s.stop(we)
 	case isTimeout(err):
 		if s.state.Load() == connRunning {
@@ -225,6 +229,23 @@ func (s *session) clientReadFailed(err error) {
 	default:
 		s.log.Info("client read failed", "err", err)
 		s.stop(fmt.Errorf("client: %w", err))
+	}
+}
+
+// drainClient discards client bytes until the client hangs up, goes quiet
+// for a moment, or the close timeout passes.
+func (s *session) drainClient() {
+	end := time.Now().Add(s.srv.cfg.CloseTimeout)
+	buf := make([]byte, 32<<10)
+	for {
+		d := time.Now().Add(200 * time.Millisecond)
+		if d.After(end) {
+			d = end
+		}
+		s.client.setDeadline(d)
+		if _, err := s.cr.Buffered().Read(buf); err != nil {
+			return
+		}
 	}
 }
 
@@ -371,6 +392,14 @@ func (s *session) fromClient(f wire.Frame) bool {
 	}
 	if s.state.Load() == connProxyClosing {
 		return s.clientWhileClosing(f)
+	}
+	if f.Type == wire.FrameMethod && len(f.Payload) >= 4 {
+		if id, _ := wire.PeekMethodID(f.Payload); !id.Known() {
+			// RabbitMQ 3.10 hangs up without connection.close; so do we.
+			s.log.Info("unknown method from client, closing", "method", id.String())
+			s.stop(fmt.Errorf("client sent unknown method %v", id))
+			return false
+		}
 	}
 	if f.Channel == 0 {
 		return s.clientConnFrame(f)

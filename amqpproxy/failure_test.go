@@ -1,0 +1,264 @@
+package amqpproxy
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+)
+
+// malformedCases send something broken on an open connection; code is what
+// RabbitMQ 3.10 answers with (0: it hangs up without connection.close).
+var malformedCases = []struct {
+	name string
+	code uint16
+	send func(c *rawClient)
+}{
+	{"frame larger than frame_max", wire.FrameError, func(c *rawClient) {
+		c.frame(wire.FrameMethod, 1, make([]byte, 200000))
+	}},
+	{"bad frame-end octet", wire.FrameError, func(c *rawClient) {
+		b := methodFrame(nil, 1, &wire.ChannelOpen{})
+		b[len(b)-1] = 0xAB
+		c.raw(b)
+	}},
+	{"unknown frame type", wire.FrameError, func(c *rawClient) { c.frame(9, 1, []byte{1, 2, 3}) }},
+	{"heartbeat on a channel", wire.UnexpectedFrame, func(c *rawClient) { c.frame(wire.FrameHeartbeat, 1, nil) }},
+	{"method frame shorter than its id", wire.FrameError, func(c *rawClient) { c.frame(wire.FrameMethod, 1, []byte{0, 20}) }},
+	{"trailing bytes after a method", wire.FrameError, func(c *rawClient) {
+		c.frame(wire.FrameMethod, 1, append(wire.AppendMethod(nil, &wire.ChannelOpen{}), 1, 2, 3))
+	}},
+	{"unknown method", 0, func(c *rawClient) { c.frame(wire.FrameMethod, 1, []byte{0, 20, 0, 99}) }},
+	{"truncated basic.publish", wire.FrameError, func(c *rawClient) {
+		c.send(1, &wire.ChannelOpen{})
+		c.frame(wire.FrameMethod, 1, wire.AppendMethod(nil, &wire.BasicPublish{Exchange: "amq.direct"})[:8])
+	}},
+	{"body without a header", wire.UnexpectedFrame, func(c *rawClient) {
+		c.send(1, &wire.ChannelOpen{})
+		c.frame(wire.FrameBody, 1, []byte("hello"))
+	}},
+	{"header on a channel not open", wire.UnexpectedFrame, func(c *rawClient) { c.header(3, 1) }},
+	{"method on a channel not open", wire.ChannelError, func(c *rawClient) { c.send(5, &wire.QueueDeclare{Queue: "x"}) }},
+	{"second channel.open", wire.ChannelError, func(c *rawClient) {
+		c.send(1, &wire.ChannelOpen{})
+		c.send(1, &wire.ChannelOpen{})
+	}},
+	{"method in the middle of a content", wire.UnexpectedFrame, func(c *rawClient) {
+		c.send(1, &wire.ChannelOpen{})
+		c.send(1, &wire.BasicPublish{Exchange: "amq.direct"})
+		c.header(1, 10)
+		c.send(1, &wire.ChannelClose{ReplyCode: 200})
+	}},
+	{"content header of another class", wire.UnexpectedFrame, func(c *rawClient) {
+		c.send(1, &wire.ChannelOpen{})
+		c.send(1, &wire.BasicPublish{Exchange: "amq.direct"})
+		c.frame(wire.FrameHeader, 1, wire.AppendContentHeader(nil, wire.ContentHeader{ClassID: 50}))
+	}},
+	{"channel method on channel 0", wire.ChannelError, func(c *rawClient) { c.send(0, &wire.ChannelOpen{}) }},
+}
+
+// TestMalformedFrames: broken input closes the connection through the proxy
+// exactly as it does on RabbitMQ itself (same reply code, or the same
+// silent hang-up), whether the proxy catches it or RabbitMQ does.
+func TestMalformedFrames(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, Config{})
+	for _, tc := range malformedCases {
+		for _, target := range []struct{ name, addr string }{{"direct", brokerAddr(t)}, {"proxy", p.addr}} {
+			t.Run(tc.name+"/"+target.name, func(t *testing.T) {
+				t.Parallel()
+				checkMalformed(t, target.addr, tc.code, tc.send)
+			})
+		}
+	}
+}
+
+func checkMalformed(t *testing.T, addr string, code uint16, send func(*rawClient)) {
+	c := rawDial(t, addr)
+	c.open(rawLogin{})
+	send(c)
+	for {
+		f, m, err := c.next()
+		if err != nil {
+			if code != 0 {
+				t.Fatalf("socket closed (%v), want connection.close %d", err, code)
+			}
+			return
+		}
+		if f.Channel != 0 {
+			continue // channel.open-ok and the like
+		}
+		cm, ok := m.(*wire.ConnectionClose)
+		if !ok {
+			t.Fatalf("got %#v", m)
+		}
+		if cm.ReplyCode != code {
+			t.Fatalf("connection.close %d %q, want %d", cm.ReplyCode, cm.ReplyText, code)
+		}
+		if !strings.HasPrefix(cm.ReplyText, wire.ReplyText(code)+" - ") {
+			t.Fatalf("reply text %q", cm.ReplyText)
+		}
+		c.send(0, &wire.ConnectionCloseOk{})
+		c.expectHangup()
+		return
+	}
+}
+
+// TestUpstreamConnectionLost: when the upstream connection drops, the
+// client gets connection.close 320 CONNECTION_FORCED with a reason.
+func TestUpstreamConnectionLost(t *testing.T) {
+	t.Parallel()
+	fw := startForwarder(t, listen(t), brokerAddr(t))
+	p := startProxy(t, Config{Upstream: "amqp://" + fw.l.Addr().String()})
+	conn := p.dial(t, amqp.Config{})
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	channel(t, conn)
+	fw.cut()
+	select {
+	case e := <-closed:
+		if e == nil || e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "upstream connection lost") {
+			t.Fatalf("closed with %v", e)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("client not told")
+	}
+}
+
+// TestUpstreamMissedHeartbeats: a silent upstream is noticed within two
+// heartbeat intervals and the client gets 320.
+func TestUpstreamMissedHeartbeats(t *testing.T) {
+	t.Parallel()
+	fw := startForwarder(t, listen(t), brokerAddr(t))
+	p := startProxy(t, Config{Upstream: "amqp://" + fw.l.Addr().String()})
+	conn := p.dial(t, amqp.Config{Heartbeat: time.Second})
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	fw.freeze()
+	start := time.Now()
+	select {
+	case e := <-closed:
+		if e == nil || e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "missed heartbeats") {
+			t.Fatalf("closed with %v", e)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("client not told")
+	}
+	if d := time.Since(start); d > 2500*time.Millisecond {
+		t.Fatalf("noticed after %v, want within two 1 s intervals", d)
+	}
+	fw.unfreeze()
+}
+
+// TestClientMissedHeartbeats: a client that goes silent is dropped within
+// two heartbeat intervals, and its upstream connection with it.
+func TestClientMissedHeartbeats(t *testing.T) {
+	t.Parallel()
+	fw := startForwarder(t, listen(t), brokerAddr(t))
+	p := startProxy(t, Config{Upstream: "amqp://" + fw.l.Addr().String()})
+	c := rawDial(t, p.addr)
+	c.open(rawLogin{heartbeat: 1})
+	c.send(1, &wire.ChannelOpen{})
+	c.expect(1, wire.IDChannelOpenOk)
+	start := time.Now() // the client says nothing from now on
+	beats := 0
+	for {
+		f, err := c.r.ReadFrame()
+		if err != nil {
+			break
+		}
+		if f.Type == wire.FrameHeartbeat {
+			beats++
+		}
+	}
+	if d := time.Since(start); d > 2500*time.Millisecond || d < 1500*time.Millisecond {
+		t.Fatalf("dropped after %v, want two 1 s intervals", d)
+	}
+	if beats < 2 {
+		t.Fatalf("proxy sent %d heartbeats in two intervals", beats)
+	}
+	within(t, 5*time.Second, "the upstream connection to close", func() bool { return fw.open() == 0 })
+}
+
+func TestShutdown(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, Config{})
+	conn := p.dial(t, amqp.Config{})
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	channel(t, conn)
+	half := rawDial(t, p.addr) // in its handshake
+	half.raw(wire.ProtocolHeader[:])
+	half.expect(0, wire.IDConnectionStart)
+	if err := p.srv.Shutdown(ctxTimeout(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-closed:
+		if e == nil || e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "shutting down") {
+			t.Fatalf("closed with %v", e)
+		}
+	default:
+		t.Fatal("Shutdown returned before the client was told")
+	}
+	half.expectHangup()
+	if _, err := amqp.Dial(p.url(t)); err == nil {
+		t.Fatal("dial after Shutdown succeeded")
+	}
+}
+
+// TestShutdownDeadline: a client that never answers connection.close is cut
+// when Shutdown's context ends.
+func TestShutdownDeadline(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, Config{})
+	c := rawDial(t, p.addr)
+	c.open(rawLogin{})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := p.srv.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	cm := c.expect(0, wire.IDConnectionClose).(*wire.ConnectionClose)
+	if cm.ReplyCode != wire.ConnectionForced {
+		t.Fatalf("close %+v", cm)
+	}
+	c.expectHangup()
+}
+
+// TestConnectionBlocked sets RabbitMQ's memory alarm: connection.blocked
+// and unblocked reach the client. Not parallel, and the alarm is always
+// cleared: it blocks every publisher on the broker.
+func TestConnectionBlocked(t *testing.T) {
+	p := startProxy(t, Config{})
+	q := declareQueue(t, nil)
+	conn := p.dial(t, amqp.Config{})
+	ch := channel(t, conn)
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	t.Cleanup(func() { rabbitmqctl(t, "set_vm_memory_high_watermark", "0.4") })
+	rabbitmqctl(t, "set_vm_memory_high_watermark", "0.0000001")
+	// RabbitMQ blocks a connection (and says so) when it next publishes.
+	publish(t, ch, "", q, amqp.Publishing{Body: []byte("held back")})
+	select {
+	case b := <-blocked:
+		if !b.Active || !strings.Contains(b.Reason, "memory") {
+			t.Fatalf("blocked %+v", b)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no connection.blocked")
+	}
+	rabbitmqctl(t, "set_vm_memory_high_watermark", "0.4")
+	select {
+	case b := <-blocked:
+		if b.Active {
+			t.Fatalf("unblocked %+v", b)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no connection.unblocked")
+	}
+	if d := get(t, ch, q); string(d.Body) != "held back" {
+		t.Fatalf("got %q", d.Body)
+	}
+}
