@@ -1,27 +1,36 @@
 package delayproxy
 
-// STAND-IN, to be replaced by the lead: this file wires only the operator
-// side (store, metrics, admin HTTP server) so that the binary, the image and
-// the probes can be exercised before the AMQP side lands. It has no AMQP
-// listener, scheduler or releaser.
-
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/admin"
+	"github.com/delayproxy/delayproxy/amqpproxy"
+	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
+	"github.com/delayproxy/delayproxy/amqpproxy/releaser"
 	"github.com/delayproxy/delayproxy/metrics"
+	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
-	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Proxy is one delayproxy instance.
+// Proxy is one delayproxy instance: the AMQP listener, the delay engine
+// (store, scheduler, releaser) and the HTTP server.
 type Proxy struct {
 	cfg Config
 	log *slog.Logger
+
+	ready chan struct{} // closed once Run listens on every address
+
+	mu       sync.Mutex // guards amqpAddr and httpAddr
+	amqpAddr net.Addr
+	httpAddr net.Addr
 }
 
 // New checks cfg and returns a Proxy; nothing is opened until Run.
@@ -29,11 +38,27 @@ func New(cfg Config, logger *slog.Logger) (*Proxy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Proxy{cfg: cfg, log: logger}, nil
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Proxy{cfg: cfg, log: logger, ready: make(chan struct{})}, nil
 }
 
-// Run opens the store and serves until ctx is cancelled, then shuts down
-// within Config.ShutdownGrace.
+// Ready is closed once Run has opened the store and listens.
+func (p *Proxy) Ready() <-chan struct{} { return p.ready }
+
+// Addrs are the AMQP and HTTP listen addresses, once Ready.
+func (p *Proxy) Addrs() (amqpAddr, httpAddr net.Addr) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.amqpAddr, p.httpAddr
+}
+
+// Run serves until ctx is cancelled, then shuts down gracefully within
+// Config.ShutdownGrace: it stops accepting, closes client connections with
+// 320 CONNECTION_FORCED, stores every delayed publish already read, lets
+// in-flight releases finish, and closes the store. Nothing confirmed is lost
+// whichever way it stops: confirmed messages are on disk.
 func (p *Proxy) Run(ctx context.Context) (err error) {
 	path, err := p.cfg.EnsureDataDir()
 	if err != nil {
@@ -45,32 +70,119 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("open store %s: %w", path, err)
 	}
 	defer func() { err = errors.Join(err, st.Close()) }()
-
 	if err := m.RegisterStore(st, path); err != nil {
 		return err
 	}
-	srv, err := admin.New(admin.Options{
-		Addr:    p.cfg.HTTPAddr,
-		Token:   p.cfg.AdminToken,
-		Engine:  st, // the real wiring wraps store + scheduler (see admin.Engine)
-		Metrics: m,
-		Ready:   func(ctx context.Context) error { return dialUpstream(ctx, p.cfg.UpstreamURL) },
-		Logger:  p.log,
+
+	releaseURL := p.cfg.ReleaseURL
+	if releaseURL == "" {
+		releaseURL = p.cfg.UpstreamURL
+	}
+	rel, err := releaser.New(releaser.Config{
+		URL:          releaseURL,
+		Lookup:       st.Exchange,
+		OnUnroutable: func(vhost, exchange, key string) { m.Unroutable(1) },
+		OnReconnect:  func(string) { m.UpstreamReconnect() },
+		Logger:       p.log.With("room", "releaser"),
 	})
 	if err != nil {
 		return err
 	}
-	if err := srv.Start(); err != nil {
+	defer rel.Close()
+
+	sched := scheduler.New(st, rel, scheduler.Options{
+		Rate:   p.cfg.ReleaseRate,
+		Logger: p.log.With("room", "scheduler"),
+		OnReleased: func(_ *store.Message, late time.Duration) {
+			m.Released(1)
+			m.ReleaseLateness(late)
+		},
+		OnDiscarded: m.Discarded,
+	})
+	icpt := delayed.New(delayed.Config{
+		Store:     st,
+		Scheduler: sched,
+		MaxDelay:  p.cfg.MaxDelay,
+		Metrics:   m,
+		Logger:    p.log.With("room", "delayed"),
+	})
+	srv, err := amqpproxy.New(amqpproxy.Config{
+		Upstream:         p.cfg.UpstreamURL,
+		CertFile:         p.cfg.TLSCert,
+		KeyFile:          p.cfg.TLSKey,
+		Interceptor:      icpt,
+		HandshakeTimeout: p.cfg.HandshakeTimeout,
+		MaxMessageSize:   int(p.cfg.MaxMessageSize),
+		Logger:           p.log.With("room", "amqpproxy"),
+	})
+	if err != nil {
 		return err
 	}
-	p.log.Info("delayproxy started (stand-in: admin HTTP only, no AMQP listener)",
-		"version", VersionString(), "http", srv.Addr().String(), "pending", st.Pending(), "config", p.cfg)
+	web, err := admin.New(admin.Options{
+		Addr:    p.cfg.HTTPAddr,
+		Token:   p.cfg.AdminToken,
+		Engine:  st, // a cancelled key is gone from the store, so the scheduler never releases it
+		Metrics: m,
+		Ready: func(ctx context.Context) error {
+			if _, ok := st.NextDue(); !ok && st.Pending() < 0 {
+				return errors.New("store closed")
+			}
+			return dialUpstream(ctx, p.cfg.UpstreamURL)
+		},
+		Logger: p.log.With("room", "admin"),
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", p.cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", p.cfg.ListenAddr, err)
+	}
+	if err := web.Start(); err != nil {
+		ln.Close()
+		return err
+	}
 
-	<-ctx.Done()
+	schedCtx, stopSched := context.WithCancel(context.Background())
+	defer stopSched()
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	wg.Go(func() {
+		if err := sched.Run(schedCtx); err != nil && !errors.Is(err, context.Canceled) {
+			errc <- fmt.Errorf("scheduler: %w", err)
+		}
+	})
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, amqpproxy.ErrServerClosed) {
+			errc <- fmt.Errorf("amqp listener: %w", err)
+		}
+	})
+
+	p.mu.Lock()
+	p.amqpAddr, p.httpAddr = ln.Addr(), web.Addr()
+	p.mu.Unlock()
+	close(p.ready)
+	p.log.Info("delayproxy started", "version", VersionString(), "amqp", ln.Addr().String(),
+		"http", web.Addr().String(), "upstream", redactURL(p.cfg.UpstreamURL), "data", path, "pending", st.Pending())
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+		p.log.Error("stopping", "err", runErr)
+	}
 	p.log.Info("shutting down", "grace", p.cfg.ShutdownGrace.String())
 	sctx, cancel := context.WithTimeout(context.Background(), p.cfg.ShutdownGrace)
 	defer cancel()
-	return srv.Shutdown(sctx)
+	if err := srv.Shutdown(sctx); err != nil {
+		p.log.Warn("client connections closed at once after the grace period", "err", err)
+	}
+	icpt.Wait() // every delayed publish already read is stored and answered
+	stopSched()
+	wg.Wait() // the scheduler has seen its in-flight releases answered
+	shutdownErr := web.Shutdown(sctx)
+	p.log.Info("stopped", "pending", st.Pending())
+	return errors.Join(runErr, shutdownErr)
 }
 
 // dialUpstream checks that RabbitMQ accepts TCP connections.

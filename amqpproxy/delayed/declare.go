@@ -22,7 +22,7 @@ const (
 func RealDeclare(m *wire.ExchangeDeclare) (wire.ExchangeDeclare, error) {
 	v, ok, err := m.Arguments.Get(ArgDelayedType)
 	if err != nil {
-		return wire.ExchangeDeclare{}, wire.NewError(wire.SyntaxError, "arguments: "+err.Error())
+		return wire.ExchangeDeclare{}, err // the codec's 501
 	}
 	typ, isString := v.(string)
 	if b, isBytes := v.([]byte); isBytes {

@@ -1,6 +1,7 @@
 package delayed
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -12,6 +13,28 @@ import (
 
 // HeaderDelay is the header that asks for a delay, in milliseconds.
 const HeaderDelay = "x-delay"
+
+// Errors of ParseDelay, matched with errors.Is. Each also unwraps to a
+// *wire.Error with 406 PRECONDITION_FAILED and a text naming the header.
+var (
+	// ErrInvalidDelay: x-delay is not a number.
+	ErrInvalidDelay = errors.New("x-delay is not a number")
+	// ErrDelayTooLong: x-delay is above the configured maximum.
+	ErrDelayTooLong = errors.New("x-delay is above the maximum delay")
+)
+
+// delayError is an ErrInvalidDelay or ErrDelayTooLong with its reply.
+type delayError struct {
+	kind  error
+	reply *wire.Error
+}
+
+func (e *delayError) Error() string   { return e.reply.Text }
+func (e *delayError) Unwrap() []error { return []error{e.kind, e.reply} }
+
+func newDelayError(kind error, text string) error {
+	return &delayError{kind: kind, reply: wire.NewError(wire.PreconditionFailed, text)}
+}
 
 // ParseDelay reads x-delay from a message's headers the way RabbitMQ's
 // delayed-message plugin does, and applies the proxy's maximum.
@@ -26,7 +49,7 @@ const HeaderDelay = "x-delay"
 func ParseDelay(headers wire.Table, max time.Duration) (ms int64, held bool, err error) {
 	v, ok, err := headers.Get(HeaderDelay)
 	if err != nil {
-		return 0, false, wire.NewError(wire.SyntaxError, "headers: "+err.Error())
+		return 0, false, err // the codec's 501, as RabbitMQ answers a bad table
 	}
 	if !ok {
 		return 0, false, nil
@@ -39,7 +62,7 @@ func ParseDelay(headers wire.Table, max time.Duration) (ms int64, held bool, err
 		return 0, false, nil
 	}
 	if max > 0 && ms > max.Milliseconds() {
-		return 0, false, wire.NewError(wire.PreconditionFailed,
+		return 0, false, newDelayError(ErrDelayTooLong,
 			fmt.Sprintf("x-delay %d ms is larger than the maximum delay %d ms", ms, max.Milliseconds()))
 	}
 	return ms, true, nil
@@ -95,6 +118,6 @@ func floatDelay(f float64, orig any) (int64, error) {
 }
 
 func notANumber(v any) error {
-	return wire.NewError(wire.PreconditionFailed,
+	return newDelayError(ErrInvalidDelay,
 		fmt.Sprintf("invalid x-delay header: %v (%T) is not a number of milliseconds", v, v))
 }

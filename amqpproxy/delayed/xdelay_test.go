@@ -18,6 +18,7 @@ func TestParseDelay(t *testing.T) {
 		wantMS   int64
 		wantHeld bool
 		wantCode uint16 // 0: no error
+		wantErr  error
 	}{
 		{name: "no headers"},
 		{name: "no x-delay", headers: map[string]any{"other": int32(5)}},
@@ -38,12 +39,12 @@ func TestParseDelay(t *testing.T) {
 		{name: "negative routes at once", headers: map[string]any{"x-delay": int32(-5000)}},
 		{name: "negative string routes at once", headers: map[string]any{"x-delay": "-1"}},
 		{name: "fraction below one ms routes at once", headers: map[string]any{"x-delay": 0.7}},
-		{name: "not a number", headers: map[string]any{"x-delay": "abc"}, wantCode: wire.PreconditionFailed},
-		{name: "empty string", headers: map[string]any{"x-delay": ""}, wantCode: wire.PreconditionFailed},
-		{name: "bool", headers: map[string]any{"x-delay": true}, wantCode: wire.PreconditionFailed},
-		{name: "NaN", headers: map[string]any{"x-delay": math.NaN()}, wantCode: wire.PreconditionFailed},
-		{name: "infinite string", headers: map[string]any{"x-delay": "Inf"}, wantCode: wire.PreconditionFailed},
-		{name: "above maximum", headers: map[string]any{"x-delay": int64(2 * year / time.Millisecond)}, max: year, wantCode: wire.PreconditionFailed},
+		{name: "not a number", headers: map[string]any{"x-delay": "abc"}, wantCode: wire.PreconditionFailed, wantErr: ErrInvalidDelay},
+		{name: "empty string", headers: map[string]any{"x-delay": ""}, wantCode: wire.PreconditionFailed, wantErr: ErrInvalidDelay},
+		{name: "bool", headers: map[string]any{"x-delay": true}, wantCode: wire.PreconditionFailed, wantErr: ErrInvalidDelay},
+		{name: "NaN", headers: map[string]any{"x-delay": math.NaN()}, wantCode: wire.PreconditionFailed, wantErr: ErrInvalidDelay},
+		{name: "infinite string", headers: map[string]any{"x-delay": "Inf"}, wantCode: wire.PreconditionFailed, wantErr: ErrInvalidDelay},
+		{name: "above maximum", headers: map[string]any{"x-delay": int64(2 * year / time.Millisecond)}, max: year, wantCode: wire.PreconditionFailed, wantErr: ErrDelayTooLong},
 		{name: "at maximum", headers: map[string]any{"x-delay": int64(year / time.Millisecond)}, max: year, wantMS: int64(year / time.Millisecond), wantHeld: true},
 	}
 	for _, tt := range tests {
@@ -60,6 +61,9 @@ func TestParseDelay(t *testing.T) {
 				var we *wire.Error
 				if !errors.As(err, &we) || we.Code != tt.wantCode {
 					t.Fatalf("err = %v, want code %d", err, tt.wantCode)
+				}
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tt.wantErr)
 				}
 				return
 			}
