@@ -32,11 +32,6 @@ func (d *deque[T]) popFront() T {
 	return v
 }
 
-func (d *deque[T]) reset() {
-	clear(d.buf)
-	d.buf, d.head = d.buf[:0], 0
-}
-
 // confirms is the publisher-confirm state of one channel in confirm mode.
 //
 // The client counts every basic.publish it sends after confirm.select (its

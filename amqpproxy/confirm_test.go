@@ -59,7 +59,6 @@ type strictClient struct {
 	t         *testing.T
 	truth     map[uint64]bool // decided tags -> ack
 	confirmed map[uint64]bool
-	published uint64
 }
 
 func (s *strictClient) frame(tag uint64, multiple, ack bool) {

@@ -370,6 +370,7 @@ func TestBasicGetPurgeRecover(t *testing.T) {
 	if err != nil || !ok || d.MessageCount != 2 || d.Headers["k"] != "v" || d.Headers["n"] != int32(7) {
 		t.Fatalf("get: %v %v %+v", ok, err, d)
 	}
+	//lint:ignore SA1019 basic.recover is deprecated but RabbitMQ still serves it: the proxy relays it
 	if err := ch.Recover(true); err != nil { // the unacked message goes back
 		t.Fatal(err)
 	}

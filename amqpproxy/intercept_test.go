@@ -1,0 +1,627 @@
+package amqpproxy
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+)
+
+// testHooks is a configurable interceptor: every field may be nil.
+type testHooks struct {
+	methods    []wire.MethodID
+	method     func(*Call)
+	intercepts func(*Channel, *wire.BasicPublish) bool
+	publish    func(*Publish)
+
+	opened, closed atomic.Int32
+	wg             sync.WaitGroup // goroutines the test's hooks start
+}
+
+func (h *testHooks) Open(*Conn) ConnHooks {
+	h.opened.Add(1)
+	return h
+}
+
+func (h *testHooks) Methods() []wire.MethodID { return h.methods }
+
+func (h *testHooks) Method(c *Call) {
+	if h.method != nil {
+		h.method(c)
+	}
+}
+
+func (h *testHooks) InterceptsPublish(ch *Channel, m *wire.BasicPublish) bool {
+	return h.intercepts != nil && h.intercepts(ch, m)
+}
+
+func (h *testHooks) Publish(p *Publish) {
+	if h.publish != nil {
+		h.publish(p)
+		return
+	}
+	p.Relay()
+}
+
+func (h *testHooks) Closed(error) { h.closed.Add(1) }
+
+// later runs f after d in a goroutine the test waits for.
+func (h *testHooks) later(d time.Duration, f func()) {
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		time.Sleep(d)
+		f()
+	}()
+}
+
+// takeEveryThird is an interceptor that takes over every third publish of
+// each channel and answers it after a random delay, with ack (3 in 4) or
+// nack; the others are relayed. fate records the answer by body.
+type takeEveryThird struct {
+	testHooks
+	mu    sync.Mutex // guards fate, count, rng
+	fate  map[string]bool
+	count map[*Channel]int
+	rng   *rand.Rand
+	hold  time.Duration // longest answer delay
+	taken atomic.Int64
+}
+
+func newTakeEveryThird(seed uint64, hold time.Duration) *takeEveryThird {
+	h := &takeEveryThird{fate: map[string]bool{}, count: map[*Channel]int{}, rng: rand.New(rand.NewPCG(seed, 3)), hold: hold}
+	h.intercepts = func(*Channel, *wire.BasicPublish) bool { return true }
+	h.publish = func(p *Publish) {
+		h.mu.Lock()
+		h.count[p.Channel]++
+		take := h.count[p.Channel]%3 == 0
+		ack := h.rng.IntN(4) != 0
+		delay := time.Duration(h.rng.Int64N(int64(h.hold) + 1))
+		if take {
+			h.fate[string(p.Body)] = ack
+		}
+		h.mu.Unlock()
+		if !take {
+			p.Relay()
+			return
+		}
+		h.taken.Add(1)
+		h.later(delay, func() {
+			if ack {
+				p.Ack()
+			} else {
+				p.Nack()
+			}
+		})
+	}
+	return h
+}
+
+func (h *takeEveryThird) answer(body string) (ack, taken bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ack, taken = h.fate[body]
+	return ack, taken
+}
+
+// publishAndCheck publishes n messages on ch in confirm mode without
+// waiting, then checks that every tag is confirmed once with the fate
+// expected for its message.
+func publishAndCheck(t *testing.T, ch *amqp.Channel, prefix, key string, n int, fate func(body string) (bool, bool)) (relayed int) {
+	t.Helper()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, n))
+	ctx := ctxTimeout(t, 30*time.Second)
+	for i := 1; i <= n; i++ {
+		if err := ch.PublishWithContext(ctx, "", key, false, false, amqp.Publishing{Body: fmt.Appendf(nil, "%s-%d", prefix, i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i <= n; i++ {
+		var c amqp.Confirmation
+		select {
+		case c = <-confirms:
+		case <-ctx.Done():
+			t.Fatalf("%s: %d of %d confirms", prefix, i-1, n)
+		}
+		if c.DeliveryTag != uint64(i) {
+			t.Fatalf("%s: confirm %d has tag %d", prefix, i, c.DeliveryTag)
+		}
+		body := fmt.Sprintf("%s-%d", prefix, i)
+		var want, known bool
+		within(t, 5*time.Second, "the fate of "+body, func() bool { want, known = fate(body); return known })
+		if c.Ack != want {
+			t.Fatalf("%s: tag %d ack=%v, want %v", prefix, i, c.Ack, want)
+		}
+	}
+	return n - n/3
+}
+
+// TestInterceptConfirmsFakeBroker: every third publish taken over and
+// answered later, the rest confirmed by a peer that acks out of order,
+// with multiple acks over gaps, and nacks; four channels at once. Each
+// client tag must get exactly its own fate.
+func TestInterceptConfirmsFakeBroker(t *testing.T) {
+	t.Parallel()
+	fb := startFakeBroker(t)
+	hooks := newTakeEveryThird(1, 20*time.Millisecond)
+	p := startProxy(t, Config{Upstream: fb.url(), Interceptor: hooks})
+	conn := p.dial(t, amqp.Config{})
+	fate := func(body string) (bool, bool) {
+		if ack, ok := hooks.answer(body); ok {
+			return ack, true
+		}
+		return fb.fate(body)
+	}
+	var wg sync.WaitGroup
+	for c := range 4 {
+		ch := channel(t, conn)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			publishAndCheck(t, ch, fmt.Sprintf("ch%d", c), "q", 600, fate)
+		}()
+	}
+	wg.Wait()
+	hooks.wg.Wait()
+	if hooks.taken.Load() != 4*200 {
+		t.Fatalf("%d publishes taken over", hooks.taken.Load())
+	}
+}
+
+// TestInterceptConfirmsRabbitMQ: the same through RabbitMQ, which acks in
+// its own way (often multiple); the relayed messages are in the queue.
+func TestInterceptConfirmsRabbitMQ(t *testing.T) {
+	t.Parallel()
+	hooks := newTakeEveryThird(2, 20*time.Millisecond)
+	p := startProxy(t, Config{Interceptor: hooks})
+	q := declareQueue(t, nil)
+	conn := p.dial(t, amqp.Config{})
+	fate := func(body string) (bool, bool) {
+		if ack, ok := hooks.answer(body); ok {
+			return ack, true
+		}
+		return true, true // RabbitMQ acks what it routes
+	}
+	var wg sync.WaitGroup
+	relayed := make([]int, 3)
+	for c := range 3 {
+		ch := channel(t, conn)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			relayed[c] = publishAndCheck(t, ch, fmt.Sprintf("ch%d", c), q, 900, fate)
+		}()
+	}
+	wg.Wait()
+	hooks.wg.Wait()
+	st, err := channel(t, conn).QueueDeclarePassive(q, false, false, false, false, nil)
+	if want := relayed[0] + relayed[1] + relayed[2]; err != nil || st.Messages != want {
+		t.Fatalf("queue holds %d (%v), want the %d relayed", st.Messages, err, want)
+	}
+}
+
+// TestInterceptChannelClosedWithConfirmsPending: answers for a channel the
+// client closed are never sent (amqp091-go would close the connection on
+// a basic.ack for a closed channel); the connection and a new channel with
+// the same number go on.
+func TestInterceptChannelClosedWithConfirmsPending(t *testing.T) {
+	t.Parallel()
+	for _, upstream := range []string{"fake", "rabbitmq"} {
+		t.Run(upstream, func(t *testing.T) {
+			t.Parallel()
+			hooks := newTakeEveryThird(3, 150*time.Millisecond)
+			cfg := Config{Interceptor: hooks}
+			fate := func(body string) (bool, bool) {
+				if ack, ok := hooks.answer(body); ok {
+					return ack, true
+				}
+				return true, true
+			}
+			q := "q"
+			if upstream == "fake" {
+				fb := startFakeBroker(t)
+				cfg.Upstream = fb.url()
+				fate = func(body string) (bool, bool) {
+					if ack, ok := hooks.answer(body); ok {
+						return ack, true
+					}
+					return fb.fate(body)
+				}
+			} else {
+				q = declareQueue(t, nil)
+			}
+			p := startProxy(t, cfg)
+			conn := p.dial(t, amqp.Config{})
+			closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+			for round := range 3 {
+				ch := channel(t, conn)
+				if err := ch.Confirm(false); err != nil {
+					t.Fatal(err)
+				}
+				for i := range 30 {
+					publish(t, ch, "", q, amqp.Publishing{Body: fmt.Appendf(nil, "closing-%d-%d", round, i)})
+				}
+				if err := ch.Close(); err != nil { // taken-over answers still pending
+					t.Fatal(err)
+				}
+			}
+			hooks.wg.Wait() // every late answer has been given
+			ch := channel(t, conn)
+			publishAndCheck(t, ch, "after", q, 30, fate)
+			select {
+			case e := <-closed:
+				t.Fatalf("connection closed: %v", e)
+			default:
+			}
+		})
+	}
+}
+
+// TestInterceptDeclareRewriteHeldReply: exchange.declare of type
+// x-delayed-message goes upstream as its x-delayed-type; the declare-ok is
+// held by the hook (as a store write would) and then passed. Invalid
+// declares are refused by the proxy with 406 and RabbitMQ's wording.
+func TestInterceptDeclareRewriteHeldReply(t *testing.T) {
+	t.Parallel()
+	var held atomic.Int32
+	hooks := &testHooks{methods: []wire.MethodID{wire.IDExchangeDeclare}}
+	hooks.method = func(c *Call) {
+		m := c.Method.(*wire.ExchangeDeclare)
+		if m.Type != "x-delayed-message" {
+			c.Relay(nil, nil)
+			return
+		}
+		typ, ok, _ := m.Arguments.Get("x-delayed-type")
+		s, isString := typ.(string)
+		if !ok || !isString {
+			c.CloseChannel(wire.PreconditionFailed, "Invalid argument, 'x-delayed-type' must be an existing exchange type")
+			return
+		}
+		rewritten := *m
+		rewritten.Type = s
+		c.Relay(&rewritten, func(r *Reply) {
+			if r.Err != nil {
+				r.Pass()
+				return
+			}
+			hooks.later(100*time.Millisecond, func() {
+				held.Add(1)
+				r.Pass()
+			})
+		})
+	}
+	p := startProxy(t, Config{Interceptor: hooks})
+	conn := p.dial(t, amqp.Config{})
+	ch := channel(t, conn)
+	name := uniqueName(t)
+	t.Cleanup(func() { deleteExchange(t, name) })
+	start := time.Now()
+	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "topic"}); err != nil {
+		t.Fatal(err)
+	}
+	if held.Load() != 1 || time.Since(start) < 100*time.Millisecond {
+		t.Fatalf("declare-ok reached the client before the hook passed it (%v)", time.Since(start))
+	}
+	if out := rabbitmqctl(t, "list_exchanges", "name", "type"); !strings.Contains(out, name+"\ttopic") {
+		t.Fatalf("exchange %s is not a topic exchange upstream:\n%s", name, out)
+	}
+	// The same channel goes on: a plain declare passes through.
+	if err := ch.ExchangeDeclarePassive(name, "topic", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// Missing x-delayed-type: 406 from the proxy, channel closed, connection fine.
+	bad := channel(t, conn)
+	closedCh := bad.NotifyClose(make(chan *amqp.Error, 1))
+	err := bad.ExchangeDeclare(uniqueName(t), "x-delayed-message", true, false, false, false, nil)
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed ||
+		ae.Reason != "PRECONDITION_FAILED - Invalid argument, 'x-delayed-type' must be an existing exchange type" {
+		t.Fatalf("declare without x-delayed-type: %v", err)
+	}
+	if e := <-closedCh; e == nil || e.Code != amqp.PreconditionFailed {
+		t.Fatalf("channel closed with %v", e)
+	}
+	again := channel(t, conn) // reuses the number the proxy closed
+	if err := again.ExchangeDeclarePassive(name, "topic", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if conn.IsClosed() {
+		t.Fatal("connection closed")
+	}
+	hooks.wg.Wait()
+}
+
+// TestInterceptNoWaitMadeSync: a no-wait declare made synchronous by the
+// hook, its declare-ok dropped late; the client's next synchronous request
+// still gets its own answer.
+func TestInterceptNoWaitMadeSync(t *testing.T) {
+	t.Parallel()
+	var dropped atomic.Int32
+	hooks := &testHooks{methods: []wire.MethodID{wire.IDExchangeDeclare}}
+	hooks.method = func(c *Call) {
+		m := *c.Method.(*wire.ExchangeDeclare)
+		m.NoWait = false
+		c.Relay(&m, func(r *Reply) {
+			hooks.later(50*time.Millisecond, func() {
+				if r.Err == nil && r.Method.ID() == wire.IDExchangeDeclareOk {
+					dropped.Add(1)
+				}
+				r.Drop()
+			})
+		})
+	}
+	p := startProxy(t, Config{Interceptor: hooks})
+	ch := channel(t, p.dial(t, amqp.Config{}))
+	name := uniqueName(t)
+	t.Cleanup(func() { deleteExchange(t, name) })
+	if err := ch.ExchangeDeclare(name, "fanout", false, false, false, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil || !strings.HasPrefix(q.Name, "amq.gen-") {
+		t.Fatalf("queue.declare after the held no-wait declare: %+v %v", q, err)
+	}
+	if err := ch.QueueBind(q.Name, "", name, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	hooks.wg.Wait()
+	if dropped.Load() != 1 {
+		t.Fatalf("%d declare-oks dropped", dropped.Load())
+	}
+}
+
+// TestInterceptAnswerLocally: a hook answers queue.declare itself, in turn
+// with the channel's other replies.
+func TestInterceptAnswerLocally(t *testing.T) {
+	t.Parallel()
+	hooks := &testHooks{methods: []wire.MethodID{wire.IDQueueDeclare}}
+	hooks.method = func(c *Call) {
+		if m := c.Method.(*wire.QueueDeclare); m.Queue == "local-answer" {
+			c.Answer(&wire.QueueDeclareOk{Queue: m.Queue, MessageCount: 42, ConsumerCount: 7})
+			return
+		}
+		c.Relay(nil, nil)
+	}
+	p := startProxy(t, Config{Interceptor: hooks})
+	ch := channel(t, p.dial(t, amqp.Config{}))
+	q, err := ch.QueueDeclare("local-answer", false, false, false, false, nil)
+	if err != nil || q.Messages != 42 || q.Consumers != 7 {
+		t.Fatalf("local answer: %+v %v", q, err)
+	}
+	real, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil || !strings.HasPrefix(real.Name, "amq.gen-") {
+		t.Fatalf("relayed declare: %+v %v", real, err)
+	}
+}
+
+// TestInterceptTxGating: taken-over publishes of a transaction are kept by
+// the hook and stored at tx.commit, whose commit-ok waits for the store;
+// tx.rollback drops them.
+func TestInterceptTxGating(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var inTx, stored []string
+	hooks := &testHooks{methods: []wire.MethodID{wire.IDTxCommit, wire.IDTxRollback}}
+	hooks.intercepts = func(ch *Channel, m *wire.BasicPublish) bool { return m.Exchange == "delayed" }
+	hooks.publish = func(p *Publish) {
+		if !p.Channel.TxMode() {
+			p.CloseChannel(wire.PreconditionFailed, "test wants tx mode")
+			return
+		}
+		mu.Lock()
+		inTx = append(inTx, string(p.Body))
+		mu.Unlock()
+		p.Ack() // marks it done; nothing is sent outside confirm mode
+	}
+	hooks.method = func(c *Call) {
+		mu.Lock()
+		batch := inTx
+		inTx = nil
+		mu.Unlock()
+		if c.Method.ID() == wire.IDTxRollback {
+			c.Relay(nil, nil)
+			return
+		}
+		c.Relay(nil, func(r *Reply) {
+			hooks.later(80*time.Millisecond, func() { // the store's commit
+				mu.Lock()
+				stored = append(stored, batch...)
+				mu.Unlock()
+				r.Pass()
+			})
+		})
+	}
+	p := startProxy(t, Config{Interceptor: hooks})
+	q := declareQueue(t, nil)
+	ch := channel(t, p.dial(t, amqp.Config{}))
+	if err := ch.Tx(); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, ch, "delayed", "k", amqp.Publishing{Body: []byte("dropped")})
+	publish(t, ch, "", q, amqp.Publishing{Body: []byte("relayed, rolled back")})
+	if err := ch.TxRollback(); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, ch, "delayed", "k", amqp.Publishing{Body: []byte("kept")})
+	publish(t, ch, "", q, amqp.Publishing{Body: []byte("relayed, committed")})
+	start := time.Now()
+	if err := ch.TxCommit(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 80*time.Millisecond {
+		t.Fatalf("commit-ok after %v: it did not wait for the store", d)
+	}
+	mu.Lock()
+	got := strings.Join(stored, ",")
+	mu.Unlock()
+	if got != "kept" {
+		t.Fatalf("stored %q, want kept", got)
+	}
+	if d := get(t, ch, q); string(d.Body) != "relayed, committed" {
+		t.Fatalf("queue has %q", d.Body)
+	}
+	hooks.wg.Wait()
+}
+
+// TestInterceptCloseChannelMidContent: the proxy closes a channel (from
+// another goroutine) while a large publish on it is being relayed frame by
+// frame. The channel.close must not land between the publish's frames
+// upstream (RabbitMQ would close the whole connection with 505).
+func TestInterceptCloseChannelMidContent(t *testing.T) {
+	t.Parallel()
+	hooks := &testHooks{}
+	var closedOnce atomic.Bool
+	hooks.intercepts = func(ch *Channel, m *wire.BasicPublish) bool {
+		if m.RoutingKey == "big" && closedOnce.CompareAndSwap(false, true) {
+			hooks.later(time.Millisecond, func() { ch.CloseChannel(wire.ResourceError, "store full") })
+		}
+		return false // relayed frame by frame
+	}
+	p := startProxy(t, Config{Interceptor: hooks})
+	q := declareQueue(t, nil)
+	conn := p.dial(t, amqp.Config{FrameSize: 4096})
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	ch := channel(t, conn)
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	body := make([]byte, 8<<20)
+	publish(t, ch, "", "big", amqp.Publishing{Body: body})
+	select {
+	case e := <-chClosed:
+		if e == nil || e.Code != amqp.ResourceError || e.Reason != "RESOURCE_ERROR - store full" {
+			t.Fatalf("channel closed with %v", e)
+		}
+	case e := <-connClosed:
+		t.Fatalf("connection closed: %v", e)
+	case <-time.After(20 * time.Second):
+		t.Fatal("channel not closed")
+	}
+	ch2 := channel(t, conn)
+	publish(t, ch2, "", q, amqp.Publishing{Body: []byte("after")})
+	if d := get(t, ch2, q); string(d.Body) != "after" {
+		t.Fatalf("got %q", d.Body)
+	}
+	hooks.wg.Wait()
+}
+
+// TestInterceptPublishCloseChannel: a taken-over publish refused with a
+// channel error (the x-delay that is not a number); no confirm is sent.
+func TestInterceptPublishCloseChannel(t *testing.T) {
+	t.Parallel()
+	hooks := &testHooks{}
+	hooks.intercepts = func(ch *Channel, m *wire.BasicPublish) bool { return m.Exchange == "" && m.RoutingKey == "bad" }
+	hooks.publish = func(p *Publish) {
+		p.CloseChannel(wire.PreconditionFailed, "invalid x-delay header 'abc': not a number")
+	}
+	p := startProxy(t, Config{Interceptor: hooks})
+	conn := p.dial(t, amqp.Config{})
+	ch := channel(t, conn)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	ctx := ctxTimeout(t, 10*time.Second)
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", "bad", false, false, amqp.Publishing{Body: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := <-chClosed
+	if e == nil || e.Code != amqp.PreconditionFailed || !strings.Contains(e.Reason, "x-delay") {
+		t.Fatalf("channel closed with %v", e)
+	}
+	if ack, err := dc.WaitContext(ctx); err == nil && ack {
+		t.Fatal("refused publish was acked")
+	}
+	if conn.IsClosed() {
+		t.Fatal("connection closed")
+	}
+}
+
+// TestInterceptAssembledMalformed: when the proxy assembles a publish it
+// judges broken content itself, with RabbitMQ's codes.
+func TestInterceptAssembledMalformed(t *testing.T) {
+	t.Parallel()
+	hooks := &testHooks{intercepts: func(*Channel, *wire.BasicPublish) bool { return true }}
+	p := startProxy(t, Config{Interceptor: hooks})
+	for _, tc := range malformedCases {
+		switch tc.name {
+		case "method in the middle of a content", "content header of another class", "truncated basic.publish":
+		default:
+			continue
+		}
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			checkMalformed(t, p.addr, tc.code, tc.send)
+		})
+	}
+	t.Run("body frame longer than the content", func(t *testing.T) {
+		t.Parallel()
+		checkMalformed(t, p.addr, wire.FrameError, func(c *rawClient) {
+			c.send(1, &wire.ChannelOpen{})
+			c.send(1, &wire.BasicPublish{Exchange: "amq.direct"})
+			c.header(1, 3)
+			c.frame(wire.FrameBody, 1, []byte("hello"))
+		})
+	})
+	t.Run("message larger than max", func(t *testing.T) {
+		t.Parallel()
+		small := startProxy(t, Config{Interceptor: hooks, MaxMessageSize: 1000})
+		c := rawDial(t, small.addr)
+		c.open(rawLogin{})
+		c.send(1, &wire.ChannelOpen{})
+		c.expect(1, wire.IDChannelOpenOk)
+		c.send(1, &wire.BasicPublish{Exchange: "amq.direct"})
+		c.header(1, 2000)
+		c.frame(wire.FrameBody, 1, make([]byte, 2000))
+		cm := c.expect(1, wire.IDChannelClose).(*wire.ChannelClose)
+		if cm.ReplyCode != wire.PreconditionFailed || cm.ReplyText != "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1000" {
+			t.Fatalf("close %+v", cm)
+		}
+		c.send(1, &wire.ChannelCloseOk{})
+		c.send(1, &wire.ChannelOpen{}) // the number is free again
+		c.expect(1, wire.IDChannelOpenOk)
+	})
+}
+
+// TestInterceptLifecycle: Open and Closed are called once per connection;
+// a reply hook still waiting when the connection ends is told so.
+func TestInterceptLifecycle(t *testing.T) {
+	t.Parallel()
+	replyErr := make(chan error, 1)
+	hooks := &testHooks{methods: []wire.MethodID{wire.IDQueueDeclare}}
+	hooks.method = func(c *Call) {
+		c.Relay(nil, func(r *Reply) { replyErr <- r.Err; r.Pass() })
+	}
+	p := startProxy(t, Config{Interceptor: hooks})
+	c := rawDial(t, p.addr)
+	c.open(rawLogin{})
+	c.send(1, &wire.ChannelOpen{})
+	c.expect(1, wire.IDChannelOpenOk)
+	c.send(1, &wire.QueueDeclare{Queue: uniqueName(t), Passive: true}) // 404 closes the channel
+	cm := c.expect(1, wire.IDChannelClose).(*wire.ChannelClose)
+	if cm.ReplyCode != wire.NotFound {
+		t.Fatalf("close %+v", cm)
+	}
+	var e *wire.Error
+	if err := <-replyErr; !errors.As(err, &e) || e.Code != wire.NotFound {
+		t.Fatalf("reply hook told %v", err)
+	}
+	c.send(1, &wire.ChannelCloseOk{})
+	c.send(0, &wire.ConnectionClose{ReplyCode: 200})
+	c.expect(0, wire.IDConnectionCloseOk)
+	within(t, 5*time.Second, "Closed", func() bool { return hooks.closed.Load() == 1 })
+	if hooks.opened.Load() != 1 {
+		t.Fatalf("Open called %d times", hooks.opened.Load())
+	}
+}
