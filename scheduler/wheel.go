@@ -9,8 +9,14 @@ import (
 	"github.com/delayproxy/delayproxy/store"
 )
 
-// minSpan is the smallest number of slots a Wheel has.
-const minSpan = 64
+const (
+	minSpan     = 128 // smallest number of slots
+	bucketShift = 6   // a bucket is 64 one-ms slots: one word of occ
+	stageKeep   = 256 // a drained stage array up to this capacity is kept
+	freeMax     = 1024
+	freeMaxCap  = 64 // emptied slot arrays up to this capacity are reused, freeMax of them
+	slotCap     = 8  // capacity of a new slot array
+)
 
 // Wheel is a hashed timing wheel of store keys with one slot per millisecond.
 // It is a plain data structure: no goroutines, no locks, the time is passed
@@ -19,73 +25,132 @@ const minSpan = 64
 // Entries are held in release order (store.Key byte order): Expire returns
 // them by due time, then priority descending, then sequence.
 type Wheel struct {
-	pos   int64         // every entry due <= pos is in over; slots hold entries due in (pos, pos+span]
+	pos   int64         // every entry due <= pos is in over
 	span  int64         // number of 1 ms slots, a power of two
 	mask  int64         // span - 1
+	nb    int64         // number of buckets, span/64
 	slots [][]store.Key // slots[due&mask]: the entries due exactly then, sorted
-	occ   []uint64      // bit i set when slots[i] is not empty
+	occ   []uint64      // bit i set when slots[i] is not empty; word b is bucket b
 	sum   []uint64      // bit j set when occ[j] != 0
 	inSl  int           // entries in slots
-	over  []store.Key   // entries due <= pos, sorted; the live ones are over[head:]
-	head  int
+	free  [][]store.Key // emptied slot arrays kept for reuse
+
+	// Entries due in (pos, open) are in slots; those due in
+	// [open, Horizon()] are staged, unsorted, in the bucket of their due
+	// time until the wheel reaches that bucket.
+	open   int64
+	stage  []bucket // stage[(due>>6) & (nb-1)]
+	socc   []uint64 // bit b set when stage[b] is not empty
+	staged int      // entries staged
+
+	over []store.Key // entries due <= pos, sorted; the live ones are over[head:]
+	head int
 }
 
-// NewWheel returns an empty wheel positioned at now (unix ms) whose slots
-// cover at least span milliseconds ahead of its position; span is rounded up
-// to a power of two.
+// bucket holds the staged entries of 64 milliseconds.
+type bucket struct {
+	keys   []store.Key // unsorted
+	maxKey store.Key   // no key in keys is greater (an upper bound after Cancel)
+	maxSeq uint64      // no key in keys has a greater sequence (likewise)
+}
+
+// NewWheel returns an empty wheel positioned at now (unix ms) that accepts
+// keys due at least span milliseconds after its position (Horizon).
 func NewWheel(now, span int64) *Wheel {
 	n := int64(minSpan)
-	for n < span {
+	for n < span+1<<bucketShift {
 		n <<= 1
 	}
-	words := n / 64
+	nb := n >> bucketShift
 	return &Wheel{
 		pos:   now,
 		span:  n,
 		mask:  n - 1,
+		nb:    nb,
 		slots: make([][]store.Key, n),
-		occ:   make([]uint64, words),
-		sum:   make([]uint64, (words+63)/64),
+		occ:   make([]uint64, nb),
+		sum:   make([]uint64, (nb+63)/64),
+		open:  now + 1,
+		stage: make([]bucket, nb),
+		socc:  make([]uint64, (nb+63)/64),
 	}
 }
 
 // Len is the number of entries held.
-func (w *Wheel) Len() int { return w.inSl + len(w.over) - w.head }
+func (w *Wheel) Len() int { return w.inSl + w.staged + len(w.over) - w.head }
 
 // Now is the wheel's position: everything due at or before it that Expire
 // was allowed to return has been returned. It never moves backwards.
 func (w *Wheel) Now() int64 { return w.pos }
 
-// Span is the number of milliseconds the slots cover ahead of Now.
+// Span is the number of one-millisecond slots, a power of two.
 func (w *Wheel) Span() int64 { return w.span }
 
-// Horizon is the latest due time Add accepts: Now() + Span().
-func (w *Wheel) Horizon() int64 { return w.pos + w.span }
+// Horizon is the latest due time Add accepts, between Now()+Span()-64 and
+// Now()+Span()-1: the end of the last 64 ms bucket that does not share its
+// slots with the bucket of Now()+1.
+func (w *Wheel) Horizon() int64 { return ((w.pos+1)>>bucketShift+w.nb)<<bucketShift - 1 }
 
 // Add inserts k. It reports false, and holds nothing new, when k is already
 // held or is due after Horizon(). Keys due at or before Now() are accepted
-// and returned by the next Expire. Appending in key order is O(1); an
-// out-of-order key costs a binary search and a move within its slot.
+// and returned by the next Expire. Add is O(1) (an append) for a key later
+// than those its bucket holds or newer than them (the common cases: keys
+// loaded in order, keys just published); otherwise it looks for the key in
+// its slot (binary search) or bucket (linear).
 func (w *Wheel) Add(k store.Key) bool {
 	d := k.Due()
-	if d <= w.pos {
-		live, ok := insertKey(w.over[w.head:], k)
-		if !ok {
+	switch {
+	case d <= w.pos:
+		return w.addOver(k)
+	case d > w.Horizon():
+		return false
+	case d < w.open:
+		return w.addSlot(d, k)
+	}
+	b := &w.stage[(d>>bucketShift)&(w.nb-1)]
+	if len(b.keys) == 0 {
+		i := (d >> bucketShift) & (w.nb - 1)
+		w.socc[i>>6] |= 1 << (i & 63)
+		b.maxKey, b.maxSeq = k, k.Seq()
+	} else {
+		if compareKey(k, b.maxKey) <= 0 && k.Seq() <= b.maxSeq && slices.Contains(b.keys, k) {
 			return false
 		}
-		if len(live) > cap(w.over)-w.head {
-			// insertKey reallocated: the dead prefix stays behind.
-			w.over, w.head = live, 0
-			return true
+		if compareKey(k, b.maxKey) > 0 {
+			b.maxKey = k
 		}
-		w.over = w.over[:w.head+len(live)]
-		return true
+		b.maxSeq = max(b.maxSeq, k.Seq())
 	}
-	if d-w.pos > w.span {
+	b.keys = append(b.keys, k)
+	w.staged++
+	return true
+}
+
+func (w *Wheel) addOver(k store.Key) bool {
+	live, ok := insertKey(w.over[w.head:], k)
+	if !ok {
 		return false
 	}
+	if len(live) > cap(w.over)-w.head {
+		// insertKey reallocated: the dead prefix stays behind.
+		w.over, w.head = live, 0
+		return true
+	}
+	w.over = w.over[:w.head+len(live)]
+	return true
+}
+
+func (w *Wheel) addSlot(d int64, k store.Key) bool {
 	i := d & w.mask
-	s, ok := insertKey(w.slots[i], k)
+	s := w.slots[i]
+	if s == nil {
+		if n := len(w.free); n > 0 {
+			s, w.free = w.free[n-1], w.free[:n-1]
+		} else {
+			s = make([]store.Key, 0, slotCap)
+		}
+	}
+	s, ok := insertKey(s, k)
 	if !ok {
 		return false
 	}
@@ -101,7 +166,8 @@ func (w *Wheel) Add(k store.Key) bool {
 // Cancel removes k and reports whether it was held.
 func (w *Wheel) Cancel(k store.Key) bool {
 	d := k.Due()
-	if d <= w.pos {
+	switch {
+	case d <= w.pos:
 		live := w.over[w.head:]
 		j, found := slices.BinarySearchFunc(live, k, compareKey)
 		if !found {
@@ -116,34 +182,52 @@ func (w *Wheel) Cancel(k store.Key) bool {
 		live = slices.Delete(live, j, j+1)
 		w.over = w.over[:w.head+len(live)]
 		return true
-	}
-	if d-w.pos > w.span {
+	case d > w.Horizon():
 		return false
-	}
-	i := d & w.mask
-	s := w.slots[i]
-	j, found := slices.BinarySearchFunc(s, k, compareKey)
-	if !found {
-		return false
-	}
-	w.inSl--
-	if len(s) == 1 {
-		w.clearSlot(i)
+	case d < w.open:
+		i := d & w.mask
+		s := w.slots[i]
+		j, found := slices.BinarySearchFunc(s, k, compareKey)
+		if !found {
+			return false
+		}
+		w.inSl--
+		if len(s) == 1 {
+			w.clearSlot(i)
+			return true
+		}
+		w.slots[i] = slices.Delete(s, j, j+1)
 		return true
 	}
-	w.slots[i] = slices.Delete(s, j, j+1)
+	i := (d >> bucketShift) & (w.nb - 1)
+	b := &w.stage[i]
+	j := slices.Index(b.keys, k)
+	if j < 0 {
+		return false
+	}
+	last := len(b.keys) - 1
+	b.keys[j] = b.keys[last]
+	b.keys = b.keys[:last]
+	w.staged--
+	if last == 0 {
+		w.socc[i>>6] &^= 1 << (i & 63)
+	}
 	return true
 }
 
 // Next is the earliest due time held, and false when the wheel is empty.
-// With no entries at or before Now() it finds the next non-empty slot with
-// two bitmap levels, so a driver can sleep until then.
+// It finds the first non-empty slot with two bitmap levels, sorting the
+// first staged bucket into its slots if no slot is occupied, so a driver
+// can sleep until exactly then.
 func (w *Wheel) Next() (int64, bool) {
 	if w.head < len(w.over) {
 		return w.over[w.head].Due(), true
 	}
 	if w.inSl == 0 {
-		return 0, false
+		if w.staged == 0 {
+			return 0, false
+		}
+		w.openBucket(w.firstStaged())
 	}
 	return w.nextSlot(), true
 }
@@ -151,6 +235,16 @@ func (w *Wheel) Next() (int64, bool) {
 // Last is the latest key held, and false when the wheel is empty. A driver
 // that bounds the wheel's size evicts it with Cancel.
 func (w *Wheel) Last() (store.Key, bool) {
+	if w.staged > 0 {
+		b := w.stage[w.lastStaged()&(w.nb-1)]
+		last := b.keys[0]
+		for _, k := range b.keys[1:] {
+			if compareKey(k, last) > 0 {
+				last = k
+			}
+		}
+		return last, true
+	}
 	if w.inSl > 0 {
 		s := w.slots[w.lastSlot()&w.mask]
 		return s[len(s)-1], true
@@ -167,61 +261,146 @@ func (w *Wheel) Expire(now int64, dst []store.Key) []store.Key {
 	return w.ExpireN(now, dst, math.MaxInt)
 }
 
-// ExpireN is Expire returning at most max entries; the rest stay in the wheel
+// ExpireN is Expire returning at most limit entries; the rest stay in the wheel
 // and come first next time. The work is proportional to the entries returned
-// plus Span()/4096 words of bitmap per call.
-func (w *Wheel) ExpireN(now int64, dst []store.Key, max int) []store.Key {
-	if max <= 0 {
+// and the staged entries sorted into slots on the way, plus Span()/4096
+// words of bitmap per call.
+func (w *Wheel) ExpireN(now int64, dst []store.Key, limit int) []store.Key {
+	if limit <= 0 {
 		return dst
 	}
-	// Entries due at or before pos come first: every slot entry is later.
+	// Entries due at or before pos come first: every other entry is later.
 	live := w.over[w.head:]
 	n := 0
-	for n < len(live) && n < max && live[n].Due() <= now {
+	for n < len(live) && n < limit && live[n].Due() <= now {
 		n++
 	}
 	if n > 0 {
 		dst = append(dst, live[:n]...)
 		clear(live[:n])
 		w.head += n
-		max -= n
+		limit -= n
 		w.compactOver()
 	}
 	if n < len(live) {
-		// Stopped at max, or the rest is due after now (the wall clock
-		// went back); slot entries are later still.
+		// Stopped at limit, or the rest is due after now (the wall clock
+		// went back); the other entries are later still.
 		return dst
 	}
-	for now > w.pos && max > 0 {
-		if w.inSl == 0 {
-			w.pos = now
-			break
+	for limit > 0 {
+		if w.inSl > 0 {
+			if d := w.nextSlot(); d <= now {
+				i := d & w.mask
+				s := w.slots[i]
+				if len(s) > limit {
+					dst = append(dst, s[:limit]...)
+					w.slots[i] = s[limit:]
+					w.inSl -= limit
+					w.pos = d - 1
+					return dst
+				}
+				dst = append(dst, s...)
+				limit -= len(s)
+				w.inSl -= len(s)
+				w.clearSlot(i)
+				w.pos = d
+				continue
+			}
+		} else if w.staged > 0 {
+			// Staged entries are later than every slot entry.
+			if b := w.firstStaged(); b<<bucketShift <= now {
+				w.openBucket(b)
+				continue
+			}
 		}
-		d := w.nextSlot()
-		if d > now {
-			w.pos = now
-			break
-		}
-		i := d & w.mask
-		s := w.slots[i]
-		if len(s) > max {
-			dst = append(dst, s[:max]...)
-			w.slots[i] = s[max:]
-			w.inSl -= max
-			w.pos = d - 1
-			return dst
-		}
-		dst = append(dst, s...)
-		max -= len(s)
-		w.inSl -= len(s)
-		w.clearSlot(i)
-		w.pos = d
+		// Nothing else is due at or before now.
+		w.pos = max(w.pos, now)
+		w.open = max(w.open, w.pos+1)
+		break
 	}
 	return dst
 }
 
+// openBucket sorts the staged entries of bucket b (an absolute bucket
+// number, the first one holding staged entries) into their slots.
+func (w *Wheel) openBucket(b int64) {
+	i := b & (w.nb - 1)
+	st := &w.stage[i]
+	for _, k := range st.keys {
+		w.addSlot(k.Due(), k)
+	}
+	w.staged -= len(st.keys)
+	keys := st.keys[:0]
+	if cap(keys) > stageKeep {
+		keys = nil
+	}
+	*st = bucket{keys: keys}
+	w.socc[i>>6] &^= 1 << (i & 63)
+	w.open = (b + 1) << bucketShift
+}
+
+// firstStaged is the absolute number of the first bucket with staged
+// entries; there must be one.
+func (w *Wheel) firstStaged() int64 {
+	s := w.open >> bucketShift
+	idx := s & (w.nb - 1)
+	if r := firstSetIn(w.socc, idx); r >= 0 {
+		return s + r - idx
+	}
+	return s + w.nb - idx + firstSetIn(w.socc, 0)
+}
+
+// lastStaged is the absolute number of the last bucket with staged entries;
+// there must be one.
+func (w *Wheel) lastStaged() int64 {
+	e := w.Horizon() >> bucketShift
+	idx := e & (w.nb - 1)
+	if r := lastSetIn(w.socc, idx); r >= 0 {
+		return e - (idx - r)
+	}
+	return e - idx - (w.nb - lastSetIn(w.socc, w.nb-1))
+}
+
+// firstSetIn is the first index >= i whose bit is set in bits, or -1.
+func firstSetIn(set []uint64, i int64) int64 {
+	wi := i >> 6
+	if wi >= int64(len(set)) {
+		return -1
+	}
+	b := set[wi] &^ (1<<(i&63) - 1)
+	for {
+		if b != 0 {
+			return wi<<6 + int64(bits.TrailingZeros64(b))
+		}
+		wi++
+		if wi >= int64(len(set)) {
+			return -1
+		}
+		b = set[wi]
+	}
+}
+
+// lastSetIn is the last index <= i whose bit is set in bits, or -1.
+func lastSetIn(set []uint64, i int64) int64 {
+	wi := i >> 6
+	b := set[wi] & (2<<(i&63) - 1)
+	for {
+		if b != 0 {
+			return wi<<6 + 63 - int64(bits.LeadingZeros64(b))
+		}
+		if wi == 0 {
+			return -1
+		}
+		wi--
+		b = set[wi]
+	}
+}
+
 // clearSlot empties slot i and clears its occupancy bits.
 func (w *Wheel) clearSlot(i int64) {
+	if s := w.slots[i]; cap(s) <= freeMaxCap && len(w.free) < freeMax {
+		w.free = append(w.free, s[:0])
+	}
 	w.slots[i] = nil
 	w.occ[i>>6] &^= 1 << (i & 63)
 	if w.occ[i>>6] == 0 {

@@ -17,16 +17,26 @@ func TestNewWheelSpan(t *testing.T) {
 	tests := []struct {
 		ask, want int64
 	}{
-		{0, 64}, {1, 64}, {64, 64}, {65, 128}, {60_000, 65536}, {65536, 65536}, {65537, 131072},
+		{0, 128}, {1, 128}, {64, 128}, {65, 256}, {60_000, 65536}, {65_472, 65536}, {65_473, 131072},
 	}
 	for _, tc := range tests {
 		w := NewWheel(t0, tc.ask)
 		if w.Span() != tc.want {
 			t.Errorf("NewWheel(_, %d).Span() = %d, want %d", tc.ask, w.Span(), tc.want)
 		}
-		if w.Horizon() != t0+tc.want || w.Now() != t0 || w.Len() != 0 {
-			t.Errorf("NewWheel(_, %d): Horizon %d Now %d Len %d", tc.ask, w.Horizon(), w.Now(), w.Len())
+		// t0 is a multiple of 64: the horizon ends one bucket short of the span.
+		if w.Horizon() != t0+tc.want-1 || w.Horizon() < t0+tc.ask || w.Now() != t0 || w.Len() != 0 {
+			t.Errorf("NewWheel(_, %d): Horizon %+d Now %+d Len %d", tc.ask, w.Horizon()-t0, w.Now()-t0, w.Len())
 		}
+	}
+	// Mid-bucket, the horizon stays clear of the current bucket's slots.
+	w := NewWheel(t0+10, 64)
+	if h := w.Horizon(); h != t0+127 {
+		t.Errorf("Horizon at +10 = %+d, want +127", h-t0)
+	}
+	w.Expire(t0+63, nil)
+	if h := w.Horizon(); h != t0+191 {
+		t.Errorf("Horizon at +63 = %+d, want +191", h-t0)
 	}
 }
 
@@ -116,8 +126,8 @@ func TestWheelAddRejects(t *testing.T) {
 	}{
 		{"in span", key(t0+1, 0, 1), true},
 		{"duplicate", key(t0+1, 0, 1), false},
-		{"at horizon", key(t0+64, 0, 2), true},
-		{"after horizon", key(t0+65, 0, 3), false},
+		{"at horizon", key(t0+127, 0, 2), true},
+		{"after horizon", key(t0+128, 0, 3), false},
 		{"overdue", key(t0-5, 0, 4), true},
 		{"overdue duplicate", key(t0-5, 0, 4), false},
 		{"same due, other priority", key(t0+1, 1, 1), true},
