@@ -112,15 +112,24 @@ func (h *takeEveryThird) answer(body string) (ack, taken bool) {
 	return ack, taken
 }
 
-// publishAndCheck publishes n messages on ch in confirm mode without
+// publishAndCheck puts ch in confirm mode, publishes n messages without
 // waiting, then checks that every tag is confirmed once with the fate
-// expected for its message.
+// expected for its message. It returns how many were relayed (not taken
+// over by takeEveryThird).
 func publishAndCheck(t *testing.T, ch *amqp.Channel, prefix, key string, n int, fate func(body string) (bool, bool)) (relayed int) {
 	t.Helper()
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, n))
+	checkConfirms(t, ch, confirms, 1, prefix, key, n, fate)
+	return n - n/3
+}
+
+// checkConfirms publishes n messages on a channel in confirm mode whose
+// next tag is first, and checks their confirms.
+func checkConfirms(t *testing.T, ch *amqp.Channel, confirms <-chan amqp.Confirmation, first uint64, prefix, key string, n int, fate func(body string) (bool, bool)) {
+	t.Helper()
 	ctx := ctxTimeout(t, 30*time.Second)
 	for i := 1; i <= n; i++ {
 		if err := ch.PublishWithContext(ctx, "", key, false, false, amqp.Publishing{Body: fmt.Appendf(nil, "%s-%d", prefix, i)}); err != nil {
@@ -134,17 +143,16 @@ func publishAndCheck(t *testing.T, ch *amqp.Channel, prefix, key string, n int, 
 		case <-ctx.Done():
 			t.Fatalf("%s: %d of %d confirms", prefix, i-1, n)
 		}
-		if c.DeliveryTag != uint64(i) {
+		if c.DeliveryTag != first+uint64(i-1) {
 			t.Fatalf("%s: confirm %d has tag %d", prefix, i, c.DeliveryTag)
 		}
 		body := fmt.Sprintf("%s-%d", prefix, i)
 		var want, known bool
 		within(t, 5*time.Second, "the fate of "+body, func() bool { want, known = fate(body); return known })
 		if c.Ack != want {
-			t.Fatalf("%s: tag %d ack=%v, want %v", prefix, i, c.Ack, want)
+			t.Fatalf("%s: tag %d ack=%v, want %v", prefix, c.DeliveryTag, c.Ack, want)
 		}
 	}
-	return n - n/3
 }
 
 // TestInterceptConfirmsFakeBroker: every third publish taken over and
