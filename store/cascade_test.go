@@ -344,3 +344,54 @@ func FuzzDecodeExchange(f *testing.F) {
 		}
 	})
 }
+
+// TestCascadeWritesDuringScan holds a cascade scan while Puts and Deletes
+// commit into the range it covers, including a far bucket created after the
+// scan began and lying before the one scanned.
+func TestCascadeWritesDuringScan(t *testing.T) {
+	h := newHarness(t, Options{NoSync: true, FarWidth: time.Hour, CascadeLead: time.Millisecond})
+	h.exchange("/", "x")
+	ctx := context.Background()
+	hour := int64(3600_000)
+	start := base / hour * hour
+	h.keys(0, start)                                 // watermark at start
+	before := msg("x", start+5*hour+10, 0, "before") // in the far bucket the scan reads
+	doomed := msg("x", start+5*hour+20, 0, "doomed") // deleted during the scan
+	h.put(before, doomed)
+	scanning, release := make(chan struct{}), make(chan struct{})
+	h.s.scanHook = func() { close(scanning); <-release }
+	type result struct {
+		keys []Key
+		err  error
+	}
+	done := make(chan result)
+	go func() {
+		var keys []Key
+		err := h.s.ScanKeys(start, start+6*hour, func(k Key) error { keys = append(keys, k); return nil })
+		done <- result{keys, err}
+	}()
+	<-scanning
+	late := msg("x", start+5*hour+30, 0, "late")  // same far bucket, after the snapshot
+	gap := msg("x", start+2*hour, 0, "gap")       // a new far bucket before the scanned one
+	beyond := msg("x", start+7*hour, 0, "beyond") // outside the range
+	h.put(late, gap, beyond)
+	if err := h.s.Delete(ctx, doomed.Key); err != nil {
+		t.Fatal(err)
+	}
+	h.check()
+	close(release)
+	res := <-done
+	h.s.scanHook = nil
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if got, want := bodies(t, h.s, res.keys), []string{"gap", "before", "late"}; !slices.Equal(got, want) {
+		t.Fatalf("scanned %q, want %q", got, want)
+	}
+	if got := bodies(t, h.s, []Key{beyond.Key, doomed.Key}); !slices.Equal(got, []string{"beyond", "<nil>"}) {
+		t.Fatalf("beyond/doomed: %q", got)
+	}
+	if p := h.s.Pending(); p != 4 {
+		t.Fatalf("Pending %d, want 4", p)
+	}
+}

@@ -71,7 +71,7 @@ func (s *Store) lookup(tx *bolt.Tx, w int64, k Key) []byte {
 // runs inside a read transaction: it must not wait for a Put, Delete or
 // other write of this store.
 func (s *Store) Scan(from, until int64, fn func(*Message) error) error {
-	return s.scan(from, until, func(k, v []byte) error {
+	return s.scanRange(from, until, func(k, v []byte) error {
 		m, err := decodeMessage(Key(k), v, true)
 		if err != nil {
 			return fmt.Errorf("key %x: %w", k, err)
@@ -82,10 +82,10 @@ func (s *Store) Scan(from, until int64, fn func(*Message) error) error {
 
 // ScanKeys is Scan without decoding values: the cheap way to load the wheel.
 func (s *Store) ScanKeys(from, until int64, fn func(Key) error) error {
-	return s.scan(from, until, func(k, _ []byte) error { return fn(Key(k)) })
+	return s.scanRange(from, until, func(k, _ []byte) error { return fn(Key(k)) })
 }
 
-func (s *Store) scan(from, until int64, fn func(k, v []byte) error) error {
+func (s *Store) scanRange(from, until int64, fn func(k, v []byte) error) error {
 	from = max(from, 0)
 	until = min(until, maxDue)
 	if until <= from {

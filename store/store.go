@@ -63,7 +63,8 @@ type Store struct {
 	farMs    int64 // far bucket width in ms, as recorded in the file
 	leadMs   int64
 	maxBatch int
-	passMax  int // most messages per cascade pass (cascadePassMax; tests lower it)
+	passMax  int    // most messages per cascade pass (cascadePassMax; tests lower it)
+	scanHook func() // tests: runs in the cascade scan goroutine before it scans
 
 	nextSeq atomic.Uint64 // next sequence handed out to Put
 
@@ -89,8 +90,9 @@ type Store struct {
 	farMinOK  bool
 
 	// Writer-only state (no lock: touched by the writer goroutine alone).
-	incCounter   uint64 // last incarnation handed out
-	persistedSeq uint64 // next sequence as recorded in meta
+	incCounter   uint64       // last incarnation handed out
+	persistedSeq uint64       // next sequence as recorded in meta
+	scan         *cascadeScan // cascade pass in progress
 
 	// statsMu guards stats.
 	statsMu sync.Mutex
@@ -339,7 +341,8 @@ func (s *Store) recount() {
 	}
 }
 
-// Close waits for the requests already queued to be committed, then closes
+// Close waits for the requests already queued to be committed, writes
+// bbolt's freelist (so that the next Open need not rebuild it) and closes
 // the file. Calls after the first return ErrClosed.
 func (s *Store) Close() error {
 	s.closeMu.Lock()
@@ -351,7 +354,17 @@ func (s *Store) Close() error {
 	close(s.reqs)
 	s.closeMu.Unlock()
 	<-s.done
-	return s.db.Close()
+	var err error
+	if !s.opts.SyncFreelist {
+		// Write bbolt's freelist once, so that the next Open loads it
+		// instead of walking every page of the file to rebuild it.
+		s.db.NoFreelistSync = false
+		err = s.db.Update(func(*bolt.Tx) error { return nil })
+	}
+	if cerr := s.db.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func (s *Store) isClosed() bool {

@@ -2,23 +2,17 @@ package store
 
 import (
 	"bytes"
-	"container/heap"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"runtime"
-	"slices"
 	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
-
-// cascadePassMax bounds the messages one cascade pass moves (and keeps in
-// memory), after the bbolt advice of at most ~100k inserts per transaction.
-const cascadePassMax = 100_000 // Store.passMax
 
 // maxYields bounds how often the writer yields the processor while the
 // queue keeps growing before it commits.
@@ -77,13 +71,13 @@ func (r *request) weight() int {
 }
 
 // run is the writer goroutine: it commits queued requests in groups and
-// runs cascade passes between commits. It exits when reqs is closed and
-// drained.
+// drives cascades between commits. It exits when reqs is closed and
+// drained and no cascade scan is running.
 func (s *Store) run() {
 	defer close(s.done)
 	var cascades []*request // waiting for the watermark to reach their target
-	open := true
-	for open || len(cascades) > 0 {
+	reqs := s.reqs          // nil once closed
+	for reqs != nil || s.scan != nil {
 		var batch, between []*request
 		n := 0
 		take := func(r *request) {
@@ -95,25 +89,33 @@ func (s *Store) run() {
 				n += r.weight()
 			}
 		}
-		if open && len(cascades) == 0 {
-			r, ok := <-s.reqs
+		var scanDone <-chan scanResult
+		if s.scan != nil {
+			scanDone = s.scan.done
+		}
+		var cascadeErr error
+		select {
+		case r, ok := <-reqs:
 			if ok {
 				take(r)
 			} else {
-				open = false
+				reqs = nil
 			}
+		case res := <-scanDone:
+			cascadeErr = s.moveCascade(res)
 		}
 		// Take everything that queued up during the previous commit. When
-		// the queue runs dry, yield once so that callers just released by
-		// the previous commit can queue again: with many writers this keeps
-		// batches full instead of alternating full and tiny ones. No timer.
+		// the queue runs dry, yield the processor so that callers just
+		// released by the previous commit can queue again, as long as that
+		// brings new requests: with many writers this keeps batches full
+		// instead of alternating full and small ones. No timer.
 		yields, sinceYield := 0, 0
 	gather:
-		for open && n < s.maxBatch {
+		for reqs != nil && n < s.maxBatch {
 			select {
-			case r, ok := <-s.reqs:
+			case r, ok := <-reqs:
 				if !ok {
-					open = false
+					reqs = nil
 					break gather
 				}
 				take(r)
@@ -142,40 +144,8 @@ func (s *Store) run() {
 				close(r.done)
 			}
 		}
-		cascades = s.cascadeStep(cascades, open)
+		cascades = s.cascadeStep(cascades, reqs != nil, cascadeErr)
 	}
-}
-
-// cascadeStep runs one cascade pass toward the furthest target and releases
-// the waiters whose target has been reached.
-func (s *Store) cascadeStep(waiting []*request, open bool) []*request {
-	if len(waiting) == 0 {
-		return nil
-	}
-	target := int64(0)
-	for _, r := range waiting {
-		target = max(target, r.target)
-	}
-	var err error
-	if !open {
-		err = ErrClosed
-	} else if s.watermark < target {
-		err = s.cascadePass(target)
-	}
-	kept := waiting[:0]
-	for _, r := range waiting {
-		switch {
-		case err != nil:
-			r.err = err
-		case r.ctx.Err() != nil:
-			r.err = r.ctx.Err()
-		case s.watermark < r.target:
-			kept = append(kept, r)
-			continue
-		}
-		close(r.done)
-	}
-	return kept
 }
 
 // batch is the working state of one group commit. Registry and counter
@@ -196,6 +166,7 @@ type batch struct {
 	farMin     int64
 	farMinOK   bool
 
+	late          []Key // far puts into the range of the running cascade scan
 	puts, deletes int
 }
 
@@ -316,6 +287,9 @@ func (s *Store) publish(b *batch) {
 		}
 	}
 	s.farMin, s.farMinOK = b.farMin, b.farMinOK
+	if s.scan != nil {
+		s.scan.late = append(s.scan.late, b.late...)
+	}
 }
 
 // exchange looks an exchange up through the batch overlay.
@@ -488,6 +462,9 @@ func (b *batch) put(p *putItem) error {
 		if b.farMinOK && due < b.farMin {
 			b.farMin = due
 		}
+		if sc := b.s.scan; sc != nil && due >= sc.from && due < sc.hi {
+			b.late = append(b.late, p.key)
+		}
 	}
 	if err != nil {
 		return err
@@ -598,113 +575,6 @@ func (b *batch) finish() error {
 		}
 	}
 	return nil
-}
-
-// cascadePass moves one bounded piece of the far bucket at the watermark
-// into sorted slots and advances the watermark toward target (a slot
-// boundary) in one transaction.
-func (s *Store) cascadePass(target int64) error {
-	start := time.Now()
-	target = s.roundUp(target)
-	tx, err := s.db.Begin(true)
-	if err != nil {
-		return commitError(err)
-	}
-	defer tx.Rollback()
-	w := s.watermark
-	far := tx.Bucket(bucketFar)
-	slots := tx.Bucket(bucketSlots)
-	newW, moved := target, 0
-	fk, _ := far.Cursor().Seek(u64(uint64(w / s.farMs)))
-	if fk != nil {
-		idx := int64(beUint64(fk))
-		lo, end := max(w, idx*s.farMs), (idx+1)*s.farMs
-		if lo < target {
-			hi := min(target, end)
-			fb := far.Bucket(fk)
-			keys, limit := s.collect(fb, lo, hi)
-			newW = limit
-			var bk *bolt.Bucket
-			cur := int64(-1)
-			for _, k := range keys {
-				due := k.Due()
-				if idx := due / s.slotMs; idx != cur {
-					if bk, err = slots.CreateBucketIfNotExists(u64(uint64(idx))); err != nil {
-						return commitError(err)
-					}
-					bk.FillPercent = 1 // filled in key order
-					cur = idx
-				}
-				v := fb.Get(farKey(k))
-				if err := bk.Put(k[:], v); err != nil {
-					return commitError(err)
-				}
-			}
-			moved = len(keys)
-			if newW >= end {
-				if err := far.DeleteBucket(fk); err != nil {
-					return commitError(err)
-				}
-			}
-		}
-	}
-	if err := tx.Bucket(bucketMeta).Put(metaWatermark, u64(uint64(newW))); err != nil {
-		return commitError(err)
-	}
-	if err := tx.Commit(); err != nil {
-		return commitError(err)
-	}
-	s.mu.Lock()
-	s.watermark = newW
-	if moved > 0 {
-		s.farMinOK = false
-	}
-	s.mu.Unlock()
-	s.statsMu.Lock()
-	s.stats.Cascades++
-	s.stats.CascadedMessages += uint64(moved)
-	s.stats.CascadeTime += time.Since(start)
-	s.statsMu.Unlock()
-	return nil
-}
-
-// collect returns, sorted, the keys of fb due in [lo, hi) and the end of
-// the range they cover: hi, or an earlier slot boundary when more than
-// passMax messages are due in [lo, hi). A single slot is always taken whole.
-func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]Key, int64) {
-	h := &keyHeap{}
-	evicted := int64(math.MaxInt64) // earliest due among keys dropped from the heap
-	c := fb.Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		due := farDue(k)
-		if due < lo || due >= hi || due >= evicted {
-			continue
-		}
-		heap.Push(h, keyFromFar(k))
-		if h.Len() > s.passMax {
-			evicted = min(evicted, heap.Pop(h).(Key).Due())
-		}
-	}
-	keys := []Key(*h)
-	if evicted == math.MaxInt64 {
-		slices.SortFunc(keys, compareKeys)
-		return keys, hi
-	}
-	limit := evicted / s.slotMs * s.slotMs
-	if limit <= lo {
-		// One slot holds more than passMax messages: take it whole.
-		limit = lo + s.slotMs
-		keys = keys[:0]
-		for k, _ := c.First(); k != nil; k, _ = c.Next() {
-			if due := farDue(k); due >= lo && due < limit {
-				keys = append(keys, keyFromFar(k))
-			}
-		}
-	} else {
-		keys = slices.DeleteFunc(keys, func(k Key) bool { return k.Due() >= limit })
-	}
-	slices.SortFunc(keys, compareKeys)
-	return keys, limit
 }
 
 func compareKeys(a, b Key) int { return bytes.Compare(a[:], b[:]) }
