@@ -270,3 +270,31 @@ func TestHandlerServesNames(t *testing.T) {
 		}
 	}
 }
+
+func TestStoreCollectorEmpty(t *testing.T) {
+	s, _ := openStore(t)
+	if err := s.PutExchange(context.Background(), &store.ExchangeDef{VHost: "/", Name: "idle", DelayedType: "direct"}); err != nil {
+		t.Fatal(err)
+	}
+	m := New()
+	if err := m.RegisterStore(s, ""); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP delayproxy_pending_messages Delayed messages stored and not yet released, per delayed exchange.
+# TYPE delayproxy_pending_messages gauge
+delayproxy_pending_messages{exchange="idle",vhost="/"} 0
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "delayproxy_pending_messages"); err != nil {
+		t.Error(err)
+	}
+	for name, want := range map[string]int{
+		"delayproxy_next_due_timestamp_seconds": 0, // absent while nothing is stored
+		"delayproxy_store_file_bytes":           0, // no path given
+		"delayproxy_store_commits_total":        1,
+	} {
+		if n, err := testutil.GatherAndCount(m.Registry(), name); err != nil || n != want {
+			t.Errorf("%s: %d series (%v), want %d", name, n, err, want)
+		}
+	}
+}
