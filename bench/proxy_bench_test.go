@@ -1,0 +1,256 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy/amqpproxy"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+)
+
+// The proxy benchmarks run the same load straight against RabbitMQ and
+// through an amqpproxy.Server in the same process, one after the other, and
+// report the proxy's share of the direct rate ("ratio"; target >= 0.9) and
+// the latency it adds. They need RabbitMQ (AMQP_URL).
+
+// proxyTarget is where a sub-benchmark connects.
+type proxyTarget struct {
+	name string
+	url  string
+}
+
+// proxyTargets starts a pure-relay proxy for the benchmark and returns the
+// direct and proxied URLs.
+func proxyTargets(b *testing.B) []proxyTarget {
+	b.Helper()
+	direct := testbroker.URL(b)
+	srv, err := amqpproxy.New(amqpproxy.Config{Upstream: direct, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	b.Cleanup(func() {
+		srv.Close()
+		if err := <-served; !errors.Is(err, amqpproxy.ErrServerClosed) {
+			b.Errorf("Serve: %v", err)
+		}
+	})
+	u, err := url.Parse(direct)
+	if err != nil {
+		b.Fatal(err)
+	}
+	u.Host = l.Addr().String()
+	return []proxyTarget{{"direct", direct}, {"proxy", u.String()}}
+}
+
+// benchQueue declares a durable queue for one benchmark run, deleted at the end.
+func benchQueue(b *testing.B, ch *amqp.Channel) string {
+	b.Helper()
+	q, err := ch.QueueDeclare(fmt.Sprintf("dp-bench.%d", time.Now().UnixNano()), true, false, false, false, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ch.QueueDelete(q.Name, false, false, false) })
+	return q.Name
+}
+
+func dialChannel(b *testing.B, u string) *amqp.Channel {
+	b.Helper()
+	conn, err := amqp.Dial(u)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ch
+}
+
+// rates keeps the direct rate of the latest run for the proxy run to
+// compare with.
+type rates struct {
+	mu     sync.Mutex // guards direct
+	direct float64
+}
+
+func (r *rates) report(b *testing.B, target string, perSec float64) {
+	b.ReportMetric(perSec, "msgs/s")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if target == "direct" {
+		r.direct = perSec
+	} else if r.direct > 0 {
+		b.ReportMetric(perSec/r.direct, "ratio")
+	}
+}
+
+var payload64 = []byte("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+
+// BenchmarkProxy_ConfirmedPublish64 publishes persistent 64-byte messages
+// to a durable queue in confirm mode, up to 1000 unconfirmed at a time.
+// Target: ratio >= 0.9.
+func BenchmarkProxy_ConfirmedPublish64(b *testing.B) {
+	var r rates
+	for _, t := range proxyTargets(b) {
+		b.Run(t.name, func(b *testing.B) {
+			ch := dialChannel(b, t.url)
+			q := benchQueue(b, ch)
+			if err := ch.Confirm(false); err != nil {
+				b.Fatal(err)
+			}
+			const window = 1000
+			confirms := ch.NotifyPublish(make(chan amqp.Confirmation, window))
+			slots := make(chan struct{}, window)
+			done := make(chan error, 1)
+			go func() {
+				for i := 0; i < b.N; i++ {
+					c, ok := <-confirms
+					if !ok || !c.Ack {
+						done <- fmt.Errorf("confirm %d: %+v", i, c)
+						return
+					}
+					<-slots
+				}
+				done <- nil
+			}()
+			msg := amqp.Publishing{Body: payload64, DeliveryMode: amqp.Persistent}
+			ctx := context.Background()
+			b.ResetTimer()
+			start := time.Now()
+			for range b.N {
+				slots <- struct{}{}
+				if err := ch.PublishWithContext(ctx, "", q, false, false, msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			r.report(b, t.name, float64(b.N)/time.Since(start).Seconds())
+		})
+	}
+}
+
+// BenchmarkProxy_ConsumeManualAck64 consumes persistent 64-byte messages
+// with prefetch 500 and one basic.ack per message. Target: ratio >= 0.9.
+func BenchmarkProxy_ConsumeManualAck64(b *testing.B) {
+	var r rates
+	for _, t := range proxyTargets(b) {
+		b.Run(t.name, func(b *testing.B) {
+			ch := dialChannel(b, t.url)
+			q := benchQueue(b, ch)
+			fill(b, testbroker.URL(b), q, b.N)
+			if err := ch.Qos(500, 0, false); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			start := time.Now()
+			msgs, err := ch.Consume(q, "", false, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for range b.N {
+				m, ok := <-msgs
+				if !ok {
+					b.Fatal("consumer closed")
+				}
+				if err := m.Ack(false); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			r.report(b, t.name, float64(b.N)/time.Since(start).Seconds())
+		})
+	}
+}
+
+// fill publishes n persistent 64-byte messages into q, straight to RabbitMQ.
+func fill(b *testing.B, u, q string, n int) {
+	b.Helper()
+	ch := dialChannel(b, u)
+	if err := ch.Confirm(false); err != nil {
+		b.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, n))
+	msg := amqp.Publishing{Body: payload64, DeliveryMode: amqp.Persistent}
+	for range n {
+		if err := ch.PublishWithContext(context.Background(), "", q, false, false, msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range n {
+		if c := <-confirms; !c.Ack {
+			b.Fatalf("fill: nack %+v", c)
+		}
+	}
+}
+
+// BenchmarkProxy_PublishLatency measures the round trip of one confirmed
+// publish (persistent, 64 bytes) at a time: p50 and p99, and on the proxy
+// run the p50 the proxy adds ("added-p50-µs").
+func BenchmarkProxy_PublishLatency(b *testing.B) { benchLatency(b, amqp.Persistent) }
+
+// BenchmarkProxy_PublishLatencyTransient is the same with transient
+// messages: without RabbitMQ's fsync in the round trip, the proxy's own
+// share shows better.
+func BenchmarkProxy_PublishLatencyTransient(b *testing.B) { benchLatency(b, amqp.Transient) }
+
+func benchLatency(b *testing.B, mode uint8) {
+	var mu sync.Mutex // guards directP50
+	var directP50 time.Duration
+	for _, t := range proxyTargets(b) {
+		b.Run(t.name, func(b *testing.B) {
+			ch := dialChannel(b, t.url)
+			q := benchQueue(b, ch)
+			if err := ch.Confirm(false); err != nil {
+				b.Fatal(err)
+			}
+			msg := amqp.Publishing{Body: payload64, DeliveryMode: mode}
+			ctx := context.Background()
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for range b.N {
+				start := time.Now()
+				dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, msg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+					b.Fatalf("confirm: %v %v", ok, err)
+				}
+				lat = append(lat, time.Since(start))
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
+			b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
+			b.ReportMetric(float64(p99.Microseconds()), "p99-µs")
+			mu.Lock()
+			defer mu.Unlock()
+			if t.name == "direct" {
+				directP50 = p50
+			} else if directP50 > 0 {
+				b.ReportMetric(float64((p50 - directP50).Microseconds()), "added-p50-µs")
+			}
+		})
+	}
+}
