@@ -10,10 +10,12 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/delayproxy/delayproxy/store"
+	bolt "go.etcd.io/bbolt"
 )
 
 // Store benchmarks. Run them with
@@ -48,22 +50,23 @@ var defaultLayout = storeLayout{name: "default"}
 // from 1, 16 or 256 goroutines, on a store with 1M or 5M messages already
 // pending. Target: at least 100,000 msgs/s at 5M pending with 256 writers on
 // a 2-core machine (plain bbolt with random keys manages about 14,000/s).
-func BenchmarkStorePut_Parallel1(b *testing.B)   { benchPutPending(b, 1) }
-func BenchmarkStorePut_Parallel16(b *testing.B)  { benchPutPending(b, 16) }
-func BenchmarkStorePut_Parallel256(b *testing.B) { benchPutPending(b, 256) }
+func BenchmarkStorePut_Parallel1(b *testing.B)   { benchStorePutPending(b, 1) }
+func BenchmarkStorePut_Parallel16(b *testing.B)  { benchStorePutPending(b, 16) }
+func BenchmarkStorePut_Parallel256(b *testing.B) { benchStorePutPending(b, 256) }
 
-func benchPutPending(b *testing.B, writers int) {
+func benchStorePutPending(b *testing.B, writers int) {
 	for _, pending := range []int{1_000_000, 5_000_000} {
 		b.Run(fmt.Sprintf("Pending%dM", pending/1_000_000), func(b *testing.B) {
-			benchPut(b, defaultLayout, pending, writers, store.Options{})
+			benchStorePut(b, defaultLayout, pending, writers, store.Options{})
 		})
 	}
 }
 
 // BenchmarkStorePut_Layouts compares settings at 1M pending with 256
-// writers: the default, bbolt's freelist written at every commit, and far
+// writers: the default, bbolt's freelist written at every commit, far
 // buckets one slot wide (every message a random insert into its own 1 s
-// bucket, as a plain slot layout would do).
+// bucket, as a plain slot layout would do), one hour and four hours wide
+// (the default is one day).
 func BenchmarkStorePut_Layouts(b *testing.B) {
 	for _, tc := range []struct {
 		layout storeLayout
@@ -73,9 +76,10 @@ func BenchmarkStorePut_Layouts(b *testing.B) {
 		{storeLayout{name: "syncfreelist"}, store.Options{SyncFreelist: true}},
 		{storeLayout{name: "far1s", opts: store.Options{FarWidth: time.Second}}, store.Options{}},
 		{storeLayout{name: "far1h", opts: store.Options{FarWidth: time.Hour}}, store.Options{}},
+		{storeLayout{name: "far4h", opts: store.Options{FarWidth: 4 * time.Hour}}, store.Options{}},
 	} {
 		b.Run(tc.layout.name, func(b *testing.B) {
-			benchPut(b, tc.layout, 1_000_000, 256, tc.opts)
+			benchStorePut(b, tc.layout, 1_000_000, 256, tc.opts)
 		})
 	}
 }
@@ -83,14 +87,14 @@ func BenchmarkStorePut_Layouts(b *testing.B) {
 // BenchmarkStorePut_MessageID is Put with a message-id on every message (an
 // entry in the ids index: a random insert), 256 writers, 1M pending.
 func BenchmarkStorePut_MessageID(b *testing.B) {
-	benchPutWith(b, defaultLayout, 1_000_000, 256, store.Options{}, true)
+	benchStorePutWith(b, defaultLayout, 1_000_000, 256, store.Options{}, true)
 }
 
-func benchPut(b *testing.B, layout storeLayout, pending, writers int, opts store.Options) {
-	benchPutWith(b, layout, pending, writers, opts, false)
+func benchStorePut(b *testing.B, layout storeLayout, pending, writers int, opts store.Options) {
+	benchStorePutWith(b, layout, pending, writers, opts, false)
 }
 
-func benchPutWith(b *testing.B, layout storeLayout, pending, writers int, opts store.Options, withID bool) {
+func benchStorePutWith(b *testing.B, layout storeLayout, pending, writers int, opts store.Options, withID bool) {
 	path := prefilledCopy(b, layout, pending)
 	opts.FarWidth = layout.opts.FarWidth
 	s, err := store.Open(path, opts)
@@ -144,14 +148,29 @@ func benchPutWith(b *testing.B, layout storeLayout, pending, writers int, opts s
 
 // BenchmarkStoreReopen_Pending5M measures a restart: Open a store with 5M
 // pending messages and read the first key (NextDue, then the first key of
-// ScanKeys). Target: under 1 s. It also reports the file size. The page
-// cache is warm (the file was just copied).
+// ScanKeys). Target: under 1 s. AfterClose opens a file closed by Close
+// (which writes bbolt's freelist); AfterCrash one whose last commit did not
+// write the freelist, as after a crash, so bbolt rebuilds it by walking every
+// page. The page cache is warm (the file was just copied). It also reports
+// the file size and the heap the open store holds.
 func BenchmarkStoreReopen_Pending5M(b *testing.B) {
-	const pending = 5_000_000
+	for _, crash := range []bool{false, true} {
+		name := "AfterClose"
+		if crash {
+			name = "AfterCrash"
+		}
+		b.Run(name, func(b *testing.B) { benchStoreReopen(b, 5_000_000, crash) })
+	}
+}
+
+func benchStoreReopen(b *testing.B, pending int, crash bool) {
 	var heap, size float64
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		path := prefilledCopy(b, defaultLayout, pending)
+		if err := setStoreFreelist(path, !crash); err != nil {
+			b.Fatal(err)
+		}
 		st, err := os.Stat(path)
 		if err != nil {
 			b.Fatal(err)
@@ -178,9 +197,10 @@ func BenchmarkStoreReopen_Pending5M(b *testing.B) {
 		if first.Due() != due {
 			b.Fatalf("first key due %d, NextDue %d", first.Due(), due)
 		}
-		if n := s.Pending(); n != pending {
+		if n := s.Pending(); n != int64(pending) {
 			b.Fatalf("Pending %d, want %d", n, pending)
 		}
+		runtime.GC()
 		runtime.ReadMemStats(&ms)
 		heap = float64(ms.HeapAlloc) - float64(heapBefore)
 		if err := s.Close(); err != nil {
@@ -189,7 +209,58 @@ func BenchmarkStoreReopen_Pending5M(b *testing.B) {
 		b.StartTimer()
 	}
 	b.ReportMetric(size/(1<<20), "MB-file")
-	b.ReportMetric(heap/(1<<20), "MB-heap-after-open")
+	b.ReportMetric(heap/(1<<20), "MB-heap-open")
+}
+
+// setStoreFreelist commits once with bbolt directly, writing the freelist or
+// not: without it the file is in the state a crash leaves.
+func setStoreFreelist(path string, write bool) error {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{NoFreelistSync: !write, FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		return err
+	}
+	if err := db.Update(func(*bolt.Tx) error { return nil }); err != nil {
+		db.Close()
+		return err
+	}
+	return db.Close()
+}
+
+// BenchmarkStoreFsync_Floor is the disk's floor for one bbolt commit: write a
+// 4 KiB page at a random place, fdatasync, write the meta page, fdatasync.
+// Run it next to the Put benchmarks: msgs/s can't beat batch size divided by
+// this, and the ratio tells the store's overhead on a noisy disk.
+func BenchmarkStoreFsync_Floor(b *testing.B) {
+	f, err := os.Create(filepath.Join(b.TempDir(), "floor"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	const size = 64 << 20
+	if _, err := f.WriteAt(make([]byte, 1<<20), size-(1<<20)); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	page := make([]byte, 4096)
+	r := rand.New(rand.NewPCG(1, 1))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := f.WriteAt(page, 4096*(1+r.Int64N(size/4096-1))); err != nil {
+			b.Fatal(err)
+		}
+		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := f.WriteAt(page, 0); err != nil {
+			b.Fatal(err)
+		}
+		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/commit")
 }
 
 // prefilledCopy returns a private copy of the cached prefilled file: pending
@@ -199,7 +270,7 @@ func BenchmarkStoreReopen_Pending5M(b *testing.B) {
 // Shared with the scheduler benchmarks.
 func prefilledCopy(b *testing.B, layout storeLayout, pending int) string {
 	b.Helper()
-	src := prefilled(b, layout, pending)
+	src := prefilledStoreFile(b, layout, pending)
 	dst := filepath.Join(b.TempDir(), "store.db")
 	if err := copyStoreFile(dst, src); err != nil {
 		b.Fatal(err)
@@ -207,14 +278,14 @@ func prefilledCopy(b *testing.B, layout storeLayout, pending int) string {
 	return dst
 }
 
-// prefillMu serialises building the cache within one process.
-var prefillMu sync.Mutex
+// storePrefillMu serialises building the cache within one process.
+var storePrefillMu sync.Mutex
 
-// prefilled returns the cached file, building it on first use.
-func prefilled(b *testing.B, layout storeLayout, pending int) string {
+// prefilledStoreFile returns the cached file, building it on first use.
+func prefilledStoreFile(b *testing.B, layout storeLayout, pending int) string {
 	b.Helper()
-	prefillMu.Lock()
-	defer prefillMu.Unlock()
+	storePrefillMu.Lock()
+	defer storePrefillMu.Unlock()
 	dir := os.Getenv("DELAYPROXY_BENCH_CACHE")
 	if dir == "" {
 		dir = "testdata" // bench/testdata is gitignored
@@ -222,8 +293,8 @@ func prefilled(b *testing.B, layout storeLayout, pending int) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	// v1: bump when the store's layout or this prefill changes.
-	path := filepath.Join(dir, fmt.Sprintf("store-v1-%s-pending%d-body%d-spread%d.db", layout.name, pending, storeBodyLen, storeSpread))
+	// v2: bump when the store's layout, its defaults or this prefill change.
+	path := filepath.Join(dir, fmt.Sprintf("store-v2-%s-pending%d-body%d-spread%d.db", layout.name, pending, storeBodyLen, storeSpread))
 	if _, err := os.Stat(path); err == nil {
 		return path
 	}
@@ -286,6 +357,12 @@ func copyStoreFile(dst, src string) error {
 		return err
 	}
 	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	// Write the copy back now, not during the measurement: background
+	// writeback of a GB of dirty pages would slow every fsync measured.
+	if err := out.Sync(); err != nil {
 		out.Close()
 		return err
 	}

@@ -114,8 +114,9 @@ type Options struct {
 
 	// FarWidth is the width of a far bucket: messages due at or after the
 	// cascade watermark are appended to the far bucket of their due time and
-	// sorted into slots when the watermark passes them. Default 4h; a
-	// multiple of SlotWidth.
+	// sorted into slots when the watermark passes them. Default 24h; a
+	// multiple of SlotWidth. Wider: fewer pages written per commit when
+	// delays spread over hours; narrower: shorter cascade scans.
 	FarWidth time.Duration
 	// CascadeLead is how far beyond the end of a Scan or ScanKeys range the
 	// watermark is moved when it has to move. Default 1m.

@@ -49,11 +49,13 @@
 // and fsync'd per commit (plain bbolt with random keys manages ~14k
 // inserts/s at 5M keys). Appending to a handful of far buckets dirties only
 // their last pages, so the page count per commit stays near the size of the
-// data. When a Scan or ScanKeys asks for messages due at or after W, the
-// writer runs cascade passes: it scans the far bucket at W (keys only),
-// sorts the messages due in the next stretch (up to Options.CascadeLead past
-// the request, at most 100k per pass) and writes them into fresh slots in
-// key order, so slots are built by appending too; then it moves W. A far
+// data. When a Scan or ScanKeys asks for messages due at or after W, a
+// cascade pass runs: a goroutine scans the far bucket at W (keys only, on a
+// read transaction, while commits go on; far Puts committed into the range
+// meanwhile are noted by the writer), then the writer sorts the messages due
+// in the next stretch (up to Options.CascadeLead past the request, at most
+// 100k per pass) and writes them into fresh slots in key order, so slots are
+// built by appending too, and moves W, in one short transaction. A far
 // bucket is deleted once W passes its end; until then its entries below W
 // are shadow copies that every reader ignores. Released messages leave
 // through Delete, and a drained slot is removed with one DeleteBucket.
@@ -101,14 +103,21 @@
 // One writer goroutine owns every write transaction. It takes the first
 // queued request, then every request that queued up meanwhile (up to
 // Options.MaxBatch messages, yielding the processor once when the queue runs
-// dry, never sleeping), applies them in one transaction and commits. Each
-// caller waits for the commit holding its request only. Cascade passes,
-// NextDue's far scan and Check run between commits in the same goroutine.
+// dry, as long as yielding brings new requests; never sleeping), applies
+// them in one transaction and commits. Each caller waits for the commit
+// holding its request only. The short write of a cascade pass, NextDue's
+// far scan (when every message lies beyond W) and Check run between commits
+// in the same goroutine.
 //
 // # bbolt settings
 //
 // The freelist is a hashmap (O(1) allocation on big files) and is not
-// written at commit (NoFreelistSync) unless Options.SyncFreelist: Open then
-// rebuilds it from page headers. InitialMmapSize defaults to 1 GiB so the
-// file grows without remapping under readers.
+// written at commit (NoFreelistSync) unless Options.SyncFreelist; Close
+// writes it once. After a clean Close, Open loads it and takes milliseconds
+// whatever the size; after a crash bbolt rebuilds it by walking every page
+// (about 1.7 s for 5M messages, an 800 MB file, warm cache). SyncFreelist
+// makes every Open fast at the price of writing (and sorting) the whole
+// freelist at every commit, which grows with free pages once a backlog has
+// drained. InitialMmapSize defaults to 1 GiB so the file grows without
+// remapping under readers.
 package store

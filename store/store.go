@@ -25,7 +25,7 @@ const (
 	maxDue = int64(1) << 62
 
 	defaultSlotWidth   = time.Second
-	defaultFarWidth    = 4 * time.Hour
+	defaultFarWidth    = 24 * time.Hour
 	defaultCascadeLead = time.Minute
 	defaultMmapSize    = 1 << 30
 	defaultMaxBatch    = 10000
