@@ -262,3 +262,60 @@ func TestConnectionBlocked(t *testing.T) {
 		t.Fatalf("got %q", d.Body)
 	}
 }
+
+// TestBackPressure: a client that stops reading makes the proxy stop
+// reading RabbitMQ; the proxy's queue stays within its bound, and nothing
+// is lost once the client reads again.
+func TestBackPressure(t *testing.T) {
+	t.Parallel()
+	const limit = 64 << 10
+	p := startProxy(t, Config{WriteQueueBytes: limit})
+	q := declareQueue(t, nil)
+	producer := channel(t, dialBroker(t))
+	if err := producer.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 64<<10)
+	const n = 200 // 12.5 MiB: more than the socket buffers hold
+	for range n {
+		publish(t, producer, "", q, amqp.Publishing{Body: body})
+	}
+	c := rawDial(t, p.addr)
+	c.open(rawLogin{})
+	c.send(1, &wire.ChannelOpen{})
+	c.expect(1, wire.IDChannelOpenOk)
+	c.send(1, &wire.BasicConsume{Queue: q, NoAck: true})
+	c.expect(1, wire.IDBasicConsumeOk)
+
+	var s *session
+	within(t, 5*time.Second, "the session", func() bool {
+		p.srv.mu.Lock()
+		defer p.srv.mu.Unlock()
+		for x := range p.srv.sessions {
+			s = x
+		}
+		return s != nil
+	})
+	maxQueued := 0
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		s.cw.q.mu.Lock()
+		maxQueued = max(maxQueued, s.cw.q.bytes)
+		s.cw.q.mu.Unlock()
+	}
+	if maxQueued > limit+131072 {
+		t.Fatalf("client queue held %d bytes, bound %d plus a frame", maxQueued, limit)
+	}
+	if maxQueued < limit {
+		t.Fatalf("client queue never filled (%d bytes): the test did not stall the proxy", maxQueued)
+	}
+	got := 0
+	for got < n {
+		f, _, err := c.next()
+		if err != nil {
+			t.Fatalf("after %d messages: %v", got, err)
+		}
+		if f.Type == wire.FrameMethod && f.Channel == 1 {
+			got++
+		}
+	}
+}

@@ -216,12 +216,17 @@ func (b *fakeBroker) serve(c net.Conn, seed uint64) {
 					delete(chans, f.Channel)
 					send(f.Channel, &wire.ChannelCloseOk{})
 				case *wire.ConfirmSelect:
+					if fc == nil {
+						continue
+					}
 					fc.confirm = true
 					if !m.NoWait {
 						send(f.Channel, &wire.ConfirmSelectOk{})
 					}
 				case *wire.BasicPublish:
-					fc.inPub, fc.gotHdr = true, false
+					if fc != nil {
+						fc.inPub, fc.gotHdr = true, false
+					}
 				case *wire.ConnectionClose:
 					send(0, &wire.ConnectionCloseOk{})
 					w.Flush()
