@@ -342,13 +342,10 @@ func connCloseFrame(e *wire.Error) []byte {
 	return methodFrame(nil, 0, &wire.ConnectionClose{ReplyCode: e.Code, ReplyText: replyText(e), ClassID: e.ClassID, MethodID: e.MethodID})
 }
 
-// replyText words a reply as RabbitMQ does: "NOT_FOUND - no queue 'x'".
+// replyText words a reply as RabbitMQ does: "NOT_FOUND - no queue 'x'"
+// (the codec cuts it to 255 bytes on a rune boundary).
 func replyText(e *wire.Error) string {
-	t := wire.ReplyText(e.Code) + " - " + e.Text
-	if len(t) > 255 {
-		t = t[:255]
-	}
-	return t
+	return wire.ReplyText(e.Code) + " - " + e.Text
 }
 
 // sendClient queues a frame made by the proxy for the client.
@@ -529,6 +526,11 @@ func (s *session) clientMethod(ch *Channel, f wire.Frame) bool {
 		return s.clientPublish(ch, f)
 	case wire.IDChannelClose:
 		ch.mu.Lock()
+		if ch.state.Load() != chOpen { // the proxy began closing it meanwhile
+			ch.mu.Unlock()
+			s.clientMethodProxyClosing(ch, id)
+			return true
+		}
 		ch.state.Store(chClientClosing)
 		waiting := ch.takeWaitingLocked()
 		ch.mu.Unlock()
@@ -605,6 +607,9 @@ func (s *session) clientContent(ch *Channel, f wire.Frame) bool {
 	in := &ch.in
 	switch in.phase {
 	case inNone:
+		if ch.state.Load() >= chProxyClosing {
+			return true // the channel is going or gone upstream
+		}
 		return s.relayUp(f, ch) // RabbitMQ answers 505
 	case inHeader:
 		if f.Type != wire.FrameHeader {
@@ -821,7 +826,12 @@ func (s *session) fromUpstream(f wire.Frame) bool {
 		}
 	case wire.IDChannelClose:
 		ch.mu.Lock()
-		if st == chOpen || st == chClientClosing {
+		switch ch.state.Load() {
+		case chProxyClosing: // the proxy began closing it meanwhile: crossing closes
+			ch.mu.Unlock()
+			s.uw.q.pushNow(outItem{kind: itemLifecycle, ch: ch, buf: methodFrame(nil, ch.id, &wire.ChannelCloseOk{})})
+			return true
+		case chOpen, chClientClosing:
 			ch.state.Store(chServerClosing)
 		}
 		waiting := ch.takeWaitingLocked()

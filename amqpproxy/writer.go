@@ -41,6 +41,15 @@ type outItem struct {
 	nack     bool // itemConfirm, itemLocalConfirm
 }
 
+// size is what an item counts against its queue's limit: its frame, or
+// the frames a confirm becomes.
+func (it *outItem) size() int {
+	if it.buf == nil {
+		return 32
+	}
+	return len(it.buf)
+}
+
 // outQueue is a writer's bounded queue. Relayed frames wait for room
 // (back-pressure: the reader that relays them stops reading its socket);
 // frames the proxy makes itself never wait, so goroutines outside the
@@ -93,7 +102,7 @@ func (q *outQueue) add(it outItem) bool {
 		return false
 	}
 	q.items = append(q.items, it)
-	q.bytes += len(it.buf)
+	q.bytes += it.size()
 	if len(q.items) == 1 {
 		q.signal()
 	}
