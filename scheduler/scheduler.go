@@ -279,10 +279,10 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		s.dispatch(ctx, now)
 		s.startDelete(ctx)
 		wait := s.nextWake(now, more)
+		timer.Reset(wait)
 		if wait > 0 && s.idle != nil && s.inflight == 0 && !s.deleting {
 			s.idle(now.UnixMilli())
 		}
-		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
 		case <-timer.C():

@@ -564,9 +564,10 @@ func TestWallClockJumps(t *testing.T) {
 }
 
 func TestAddedRacesLoader(t *testing.T) {
-	// Publishers store and announce messages due inside the horizon while
-	// the loader scans the same range: each is released exactly once.
-	h := newHarness(t, Options{Horizon: 200 * time.Millisecond})
+	// Publishers store and announce messages while the clock moves and the
+	// loader scans the range they fall in, so a message can reach the
+	// wheel both from a scan and from Added: each is released exactly once.
+	h := newHarness(t, Options{Horizon: 20 * time.Millisecond})
 	h.start()
 	const publishers, each = 4, 100
 	var wg sync.WaitGroup
@@ -574,20 +575,19 @@ func TestAddedRacesLoader(t *testing.T) {
 		wg.Go(func() {
 			for i := range each {
 				m := &store.Message{
-					VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + int64(i%50) + 150,
-					Delay: 150, Priority: uint8(i % 3), MessageID: fmt.Sprintf("p%d-%03d", p, i),
+					VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 100 + int64(i*7%50),
+					Delay: 100, Priority: uint8(i % 3), MessageID: fmt.Sprintf("p%d-%03d", p, i),
 				}
 				if err := h.st.Put(context.Background(), m); err != nil {
 					t.Error(err)
 					return
 				}
 				h.s.Added(m)
+				if i%2 == 0 {
+					h.clk.Advance(time.Millisecond) // 200 ms in all, in 1 ms steps
+				}
 			}
 		})
-	}
-	// Meanwhile the clock moves, so the loader keeps scanning.
-	for range 30 {
-		h.clk.Advance(5 * time.Millisecond)
 	}
 	wg.Wait()
 	h.advance(time.Second)
@@ -601,6 +601,95 @@ func TestAddedRacesLoader(t *testing.T) {
 			t.Fatalf("%s released twice", id)
 		}
 		seen[id] = true
+	}
+}
+
+func TestLateAddedIsNotDuplicated(t *testing.T) {
+	// The slow side of the race above, made deterministic: a publisher's
+	// Added arrives after the loader already read the message from disk,
+	// after it went out for release, and after it was deleted.
+	h := newHarness(t, Options{Horizon: 100 * time.Millisecond})
+	h.start()
+	h.settle()
+	var msgs []*store.Message
+	for i := range 6 {
+		m := &store.Message{VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 150 + int64(i), Delay: 150, MessageID: fmt.Sprint(i)}
+		if err := h.st.Put(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, m) // not announced yet
+	}
+	if snap := h.advance(60 * time.Millisecond); snap.loaded != 6 {
+		t.Fatalf("loader took %d keys, want 6", snap.loaded)
+	}
+	h.s.Added(msgs...) // already in the wheel
+	if snap := h.settle(); snap.loaded != 6 {
+		t.Fatalf("wheel holds %d keys after a late Added, want 6", snap.loaded)
+	}
+	// Out for release: announce them again while Release blocks.
+	h.rel.mu.Lock()
+	h.rel.block = make(chan struct{})
+	h.rel.entered = make(chan struct{}, 10)
+	h.rel.mu.Unlock()
+	h.clk.Advance(100 * time.Millisecond) // all due
+	select {
+	case <-h.rel.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("release did not start")
+	}
+	h.s.Added(msgs...)
+	close(h.rel.block)
+	snap := h.settle()
+	if snap.loaded != 0 {
+		t.Fatalf("wheel holds %d keys after release, want 0", snap.loaded)
+	}
+	// Deleted: announce them once more; the store no longer has them.
+	h.s.Added(msgs...)
+	h.advance(time.Second)
+	got := h.rel.released()
+	if len(got) != 6 {
+		t.Fatalf("released %v, want each of 6 once", got)
+	}
+}
+
+func TestStoreClosedEndsRun(t *testing.T) {
+	h := newHarness(t, Options{Horizon: time.Second})
+	h.start()
+	h.settle()
+	if err := h.st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h.clk.Advance(time.Second) // the loader's next scan fails
+	select {
+	case err := <-h.done:
+		if !errors.Is(err, store.ErrClosed) {
+			t.Fatalf("Run = %v, want store.ErrClosed", err)
+		}
+		h.stop()
+		h.stop = nil
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after the store closed")
+	}
+}
+
+func TestLateness(t *testing.T) {
+	h := newHarness(t, Options{})
+	var mu sync.Mutex // guards late
+	late := map[string]time.Duration{}
+	h.opts.OnReleased = func(m *store.Message, d time.Duration) {
+		mu.Lock()
+		late[m.MessageID] = d
+		mu.Unlock()
+	}
+	h.start()
+	h.put("on-time", 10, 0)
+	h.put("late", -250, 0) // announced 250 ms after its due time
+	h.settle()
+	h.advance(10 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if late["late"] != 250*time.Millisecond || late["on-time"] != 0 {
+		t.Fatalf("lateness %v, want late 250ms and on-time 0", late)
 	}
 }
 
