@@ -124,7 +124,7 @@ func (s *session) handshake(ctx context.Context) bool {
 	if _, err := readMethod(s.ur, wire.IDConnectionStart); err != nil {
 		return s.upstreamHandshakeFailed(cw, err)
 	}
-	if err := writeFrame(uw, appendFrame(nil, wire.FrameMethod, 0, startOkPayload)); err != nil {
+	if err := writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: startOkPayload})); err != nil {
 		return s.upstreamHandshakeFailed(cw, err)
 	}
 
@@ -143,10 +143,10 @@ func (s *session) handshake(ctx context.Context) bool {
 		case wire.IDConnectionTune:
 			err = tune.Decode(f.Payload[4:])
 		case wire.IDConnectionSecure:
-			if err = writeFrame(cw, appendFrame(nil, wire.FrameMethod, 0, f.Payload)); err == nil {
+			if err = writeFrame(cw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload})); err == nil {
 				var cf wire.Frame
 				if cf, err = readMethod(s.cr, wire.IDConnectionSecureOk); err == nil {
-					err = writeFrame(uw, appendFrame(nil, wire.FrameMethod, 0, cf.Payload))
+					err = writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: cf.Payload}))
 				}
 			}
 			if err != nil {
@@ -206,7 +206,7 @@ func (s *session) handshake(ctx context.Context) bool {
 		s.log.Info("handshake failed", "step", "open", "err", err)
 		return false
 	}
-	if err := writeFrame(uw, appendFrame(nil, wire.FrameMethod, 0, f.Payload)); err != nil {
+	if err := writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload})); err != nil {
 		return s.upstreamHandshakeFailed(cw, err)
 	}
 	s.info.VHost = open.VirtualHost
@@ -226,7 +226,7 @@ func (s *session) handshake(ctx context.Context) bool {
 	default:
 		return s.upstreamHandshakeFailed(cw, fmt.Errorf("unexpected %v from upstream", id))
 	}
-	if err := writeFrame(cw, appendFrame(nil, wire.FrameMethod, 0, f.Payload)); err != nil {
+	if err := writeFrame(cw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload})); err != nil {
 		return false
 	}
 
@@ -314,12 +314,12 @@ func (s *session) relayHandshakeClose(cw, uw *wire.Writer, payload []byte) {
 	if cm.Decode(payload[4:]) == nil {
 		s.log.Info("upstream refused the connection", "code", cm.ReplyCode, "reason", cm.ReplyText)
 	}
-	if writeFrame(cw, appendFrame(nil, wire.FrameMethod, 0, payload)) != nil {
+	if writeFrame(cw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: payload})) != nil {
 		return
 	}
 	s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
 	if f, err := readMethod(s.cr, wire.IDConnectionCloseOk); err == nil {
-		writeFrame(uw, appendFrame(nil, wire.FrameMethod, 0, f.Payload))
+		writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload}))
 	}
 }
 

@@ -1,6 +1,7 @@
 package amqpproxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -631,5 +632,42 @@ func TestInterceptLifecycle(t *testing.T) {
 	within(t, 5*time.Second, "Closed", func() bool { return hooks.closed.Load() == 1 })
 	if hooks.opened.Load() != 1 {
 		t.Fatalf("Open called %d times", hooks.opened.Load())
+	}
+}
+
+// TestInterceptRelayAssembled: assembled publishes relayed by the hook keep
+// their bytes (properties and headers included); a large body is re-split
+// at the upstream frame_max, an empty one goes as a header alone.
+func TestInterceptRelayAssembled(t *testing.T) {
+	t.Parallel()
+	var seen atomic.Int32
+	hooks := &testHooks{intercepts: func(*Channel, *wire.BasicPublish) bool { return true }}
+	hooks.publish = func(p *Publish) {
+		seen.Add(1)
+		p.Relay()
+	}
+	p := startProxy(t, Config{Interceptor: hooks})
+	q := declareQueue(t, nil)
+	ch := channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 1<<20+17)
+	for i := range big {
+		big[i] = byte(i % 251)
+	}
+	for _, body := range [][]byte{big, nil, []byte("small")} {
+		m := amqp.Publishing{Body: body, Headers: amqp.Table{"x-delay": int32(5000), "nested": amqp.Table{"a": "b"}},
+			ContentType: "application/octet-stream", MessageId: "id-1", Priority: 3}
+		if !confirmedPublish(t, ch, "", q, false, m) {
+			t.Fatal("nack")
+		}
+		d := get(t, ch, q)
+		if !bytes.Equal(d.Body, body) || d.Headers["x-delay"] != int32(5000) || d.ContentType != m.ContentType || d.MessageId != "id-1" || d.Priority != 3 {
+			t.Fatalf("relayed message differs: %d bytes, %+v", len(d.Body), d.Headers)
+		}
+	}
+	if seen.Load() != 3 {
+		t.Fatalf("hook saw %d publishes", seen.Load())
 	}
 }

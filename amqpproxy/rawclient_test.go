@@ -57,7 +57,7 @@ func (c *rawClient) raw(b []byte) {
 
 func (c *rawClient) frame(typ uint8, ch uint16, payload []byte) {
 	c.t.Helper()
-	c.raw(appendFrame(nil, typ, ch, payload))
+	c.raw(wire.AppendFrame(nil, wire.Frame{Type: typ, Channel: ch, Payload: payload}))
 }
 
 func (c *rawClient) send(ch uint16, m wire.Method) {

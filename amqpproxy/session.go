@@ -1071,19 +1071,12 @@ const arenaChunk = 64 << 10
 func (a *arena) frame(typ uint8, ch uint16, payload []byte) []byte {
 	n := len(payload) + wire.FrameOverhead
 	if n > arenaChunk/4 {
-		return appendFrame(make([]byte, 0, n), typ, ch, payload)
+		return wire.AppendFrame(make([]byte, 0, n), wire.Frame{Type: typ, Channel: ch, Payload: payload})
 	}
 	if cap(a.buf)-len(a.buf) < n {
 		a.buf = make([]byte, 0, arenaChunk)
 	}
 	start := len(a.buf)
-	a.buf = appendFrame(a.buf, typ, ch, payload)
+	a.buf = wire.AppendFrame(a.buf, wire.Frame{Type: typ, Channel: ch, Payload: payload})
 	return a.buf[start:len(a.buf):len(a.buf)]
-}
-
-func appendFrame(dst []byte, typ uint8, ch uint16, payload []byte) []byte {
-	dst = append(dst, typ, byte(ch>>8), byte(ch))
-	dst = binary.BigEndian.AppendUint32(dst, uint32(len(payload)))
-	dst = append(dst, payload...)
-	return append(dst, wire.FrameEnd)
 }

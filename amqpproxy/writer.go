@@ -1,7 +1,6 @@
 package amqpproxy
 
 import (
-	"encoding/binary"
 	"net"
 	"sync"
 	"time"
@@ -163,6 +162,8 @@ type writer struct {
 	wrote bool     // something was written since the last heartbeat tick
 	tags  []uint64 // scratch for confirm translation
 	buf   []byte   // scratch for frames the writer encodes
+	ack   wire.BasicAck
+	nack  wire.BasicNack
 }
 
 var heartbeatFrame = []byte{wire.FrameHeartbeat, 0, 0, 0, 0, 0, 0, wire.FrameEnd}
@@ -333,7 +334,7 @@ func (w *writer) confirm(it *outItem) error {
 	if cm == nil {
 		ch.mu.Unlock()
 		if it.kind == itemConfirm { // not a channel we saw confirm.select on: relay
-			return w.frame(encodeConfirm(w.buf[:0], ch.id, it.tag, it.multiple, it.nack))
+			return w.frame(w.confirmFrame(ch.id, it.tag, it.multiple, it.nack))
 		}
 		return nil
 	}
@@ -346,12 +347,24 @@ func (w *writer) confirm(it *outItem) error {
 	var err error
 	cm.mark(w.tags, func(tag uint64, multiple bool) {
 		if err == nil {
-			w.buf = encodeConfirm(w.buf[:0], ch.id, tag, multiple, it.nack)
-			err = w.frame(w.buf)
+			err = w.frame(w.confirmFrame(ch.id, tag, multiple, it.nack))
 		}
 	})
 	ch.mu.Unlock()
 	return err
+}
+
+// confirmFrame encodes a basic.ack or basic.nack (requeue=false) into the
+// writer's scratch buffer.
+func (w *writer) confirmFrame(ch uint16, tag uint64, multiple, nack bool) []byte {
+	if nack {
+		w.nack = wire.BasicNack{DeliveryTag: tag, Multiple: multiple}
+		w.buf = methodFrame(w.buf[:0], ch, &w.nack)
+	} else {
+		w.ack = wire.BasicAck{DeliveryTag: tag, Multiple: multiple}
+		w.buf = methodFrame(w.buf[:0], ch, &w.ack)
+	}
+	return w.buf
 }
 
 func (w *writer) frame(b []byte) error {
@@ -359,28 +372,9 @@ func (w *writer) frame(b []byte) error {
 	return err
 }
 
-// encodeConfirm appends a basic.ack or basic.nack frame (requeue=false) to dst.
-func encodeConfirm(dst []byte, ch uint16, tag uint64, multiple, nack bool) []byte {
-	id, size := wire.IDBasicAck, 13
-	if nack {
-		id = wire.IDBasicNack
-	}
-	dst = append(dst, wire.FrameMethod, byte(ch>>8), byte(ch))
-	dst = binary.BigEndian.AppendUint32(dst, uint32(size))
-	dst = binary.BigEndian.AppendUint32(dst, uint32(id))
-	dst = binary.BigEndian.AppendUint64(dst, tag)
-	var bits byte
-	if multiple {
-		bits = 1
-	}
-	return append(dst, bits, wire.FrameEnd)
-}
-
-// bodySize reads the body size of a content header payload:
-// class (2), weight (2), body size (8), properties.
+// bodySize reads the body size of a content header payload; false when
+// the header is malformed.
 func bodySize(payload []byte) (uint64, bool) {
-	if len(payload) < 14 {
-		return 0, false
-	}
-	return binary.BigEndian.Uint64(payload[4:12]), true
+	h, err := wire.DecodeContentHeader(payload)
+	return h.BodySize, err == nil
 }

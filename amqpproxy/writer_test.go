@@ -79,7 +79,7 @@ func (pw *pipeWriter) expect(t *testing.T, want ...string) {
 }
 
 func relayItem(ch *Channel, typ uint8, payload []byte) outItem {
-	return outItem{kind: itemRelay, ch: ch, buf: appendFrame(nil, typ, ch.id, payload)}
+	return outItem{kind: itemRelay, ch: ch, buf: wire.AppendFrame(nil, wire.Frame{Type: typ, Channel: ch.id, Payload: payload})}
 }
 
 // TestWriterHoldsProxyFramesDuringContent: a confirm (or reply, or close)
