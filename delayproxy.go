@@ -97,7 +97,10 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 			m.Released(1)
 			m.ReleaseLateness(late)
 		},
-		OnDiscarded: m.Discarded,
+		// No OnDiscarded: stale messages were counted when they went
+		// stale, as discarded (exchange.delete, by the interceptor) or
+		// cancelled (admin API); counting them again here would double
+		// them, and only once they fall due.
 	})
 	icpt := delayed.New(delayed.Config{
 		Store:     st,
