@@ -319,7 +319,7 @@ func (h *conn) Publish(p *amqpproxy.Publish) {
 		Mandatory:  p.Publish.Mandatory,
 		Properties: p.Properties(),
 		Body:       p.Body,
-		Due:        h.i.cfg.Now().UnixMilli() + ms,
+		Due:        DueAt(h.i.cfg.Now(), ms),
 		Delay:      ms,
 		Priority:   props.Priority,
 		MessageID:  props.MessageID,

@@ -121,3 +121,16 @@ func notANumber(v any) error {
 	return newDelayError(ErrInvalidDelay,
 		fmt.Sprintf("invalid x-delay header: %v (%T) is not a number of milliseconds", v, v))
 }
+
+// DueAt is the due time, in unix milliseconds, of a message published at now
+// with a delay of ms milliseconds. now is rounded up to the next whole
+// millisecond, so that releasing at the due time is never early: truncating
+// would release up to a millisecond before now + delay.
+func DueAt(now time.Time, ms int64) int64 {
+	ns := now.UnixNano()
+	at := ns / int64(time.Millisecond)
+	if ns%int64(time.Millisecond) > 0 {
+		at++
+	}
+	return at + ms
+}

@@ -76,3 +76,29 @@ func TestParseDelay(t *testing.T) {
 		})
 	}
 }
+
+func TestDueAt(t *testing.T) {
+	base := time.UnixMilli(1_800_000_000_000)
+	tests := []struct {
+		name string
+		now  time.Time
+		ms   int64
+		want int64
+	}{
+		{"whole millisecond", base, 100, 1_800_000_000_100},
+		{"one nanosecond past rounds up", base.Add(time.Nanosecond), 100, 1_800_000_000_101},
+		{"just before the next millisecond", base.Add(999_999), 100, 1_800_000_000_101},
+		{"long delay", base.Add(500 * time.Microsecond), 1 << 33, 1_800_000_000_001 + 1<<33},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := DueAt(tt.now, tt.ms)
+			if got != tt.want {
+				t.Fatalf("DueAt = %d, want %d", got, tt.want)
+			}
+			if due := time.UnixMilli(got); due.Before(tt.now.Add(time.Duration(tt.ms) * time.Millisecond)) {
+				t.Fatalf("due %v is before now + delay", due)
+			}
+		})
+	}
+}
