@@ -142,7 +142,7 @@ func (r *Releaser) releaseVHost(ctx context.Context, vhost string, batch []*stor
 	}
 	vc.pub.Unlock()
 
-	wctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout)
 	defer cancel()
 	for n, dc := range dcs {
 		if dc == nil {
