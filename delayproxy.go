@@ -25,6 +25,9 @@ import (
 type Proxy struct {
 	cfg Config
 	log *slog.Logger
+	// now is the clock delayed publishes are timed by; nil is time.Now.
+	// Tests freeze it to give a burst of publishes one due millisecond.
+	now func() time.Time
 
 	ready chan struct{} // closed once Run listens on every address
 
@@ -106,6 +109,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		Store:     st,
 		Scheduler: sched,
 		MaxDelay:  p.cfg.MaxDelay,
+		Now:       p.now,
 		Metrics:   m,
 		Logger:    p.log.With("room", "delayed"),
 	})

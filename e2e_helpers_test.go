@@ -1,0 +1,625 @@
+package delayproxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/store"
+)
+
+// amqp091-go ends every goroutine it starts once a connection is closed, so
+// no ignore options are needed.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testProxy is a whole delayproxy (listener, store, scheduler, releaser,
+// admin) in front of the test broker, on a data dir kept across restart.
+type testProxy struct {
+	t   testing.TB
+	cfg Config
+	now func() time.Time // Proxy.now; nil is time.Now
+
+	mu      sync.Mutex // guards the fields below, which restart replaces
+	cancel  context.CancelFunc
+	done    chan error // Run's result
+	amqpURL string     // amqp://user:pass@127.0.0.1:port/ with the broker's credentials
+	httpURL string     // http://127.0.0.1:port
+}
+
+// startProxy runs a Proxy in front of testbroker.URL on a t.TempDir() data
+// dir with both listeners on loopback ports; opt may change the Config. The
+// proxy is stopped in t.Cleanup (Run must return nil) and its store is then
+// checked for integrity.
+func startProxy(t testing.TB, opt func(*Config)) *testProxy {
+	t.Helper()
+	return startProxyClock(t, opt, nil)
+}
+
+// startProxyClock is startProxy with the clock delayed publishes are timed by.
+func startProxyClock(t testing.TB, opt func(*Config), now func() time.Time) *testProxy {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.ListenAddr = "127.0.0.1:0"
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.UpstreamURL = testbroker.URL(t)
+	cfg.DataDir = t.TempDir()
+	cfg.ShutdownGrace = 10 * time.Second
+	if opt != nil {
+		opt(&cfg)
+	}
+	tp := &testProxy{t: t, cfg: cfg, now: now}
+	tp.start()
+	t.Cleanup(func() {
+		tp.mu.Lock()
+		running := tp.cancel != nil
+		tp.mu.Unlock()
+		if running {
+			tp.stop()
+		}
+		checkStore(t, cfg.StorePath())
+	})
+	return tp
+}
+
+// checkStore opens a stopped proxy's store and runs its integrity check.
+func checkStore(t testing.TB, path string) {
+	t.Helper()
+	st, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Errorf("reopen store for its check: %v", err)
+		return
+	}
+	if err := st.Check(); err != nil {
+		t.Errorf("store check: %v", err)
+	}
+	if err := st.Close(); err != nil {
+		t.Errorf("store close: %v", err)
+	}
+}
+
+// testLogger discards logs unless DELAYPROXY_TEST_LOG is set.
+func testLogger() *slog.Logger {
+	if os.Getenv("DELAYPROXY_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func (tp *testProxy) start() {
+	t := tp.t
+	t.Helper()
+	p, err := New(tp.cfg, testLogger())
+	if err != nil {
+		t.Fatalf("delayproxy.New: %v", err)
+	}
+	p.now = tp.now
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	select {
+	case <-p.Ready():
+	case err := <-done:
+		cancel()
+		t.Fatalf("Run returned before it was ready: %v", err)
+	case <-time.After(30 * time.Second):
+		cancel()
+		t.Fatalf("proxy not ready after 30s")
+	}
+	amqpAddr, httpAddr := p.Addrs()
+	u, err := url.Parse(tp.cfg.UpstreamURL)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	u.Scheme, u.Host = "amqp", amqpAddr.String()
+	tp.mu.Lock()
+	tp.cancel, tp.done = cancel, done
+	tp.amqpURL = u.String()
+	tp.httpURL = "http://" + httpAddr.String()
+	tp.mu.Unlock()
+}
+
+// stop shuts the proxy down gracefully and checks that Run returned nil.
+func (tp *testProxy) stop() {
+	t := tp.t
+	t.Helper()
+	tp.mu.Lock()
+	cancel, done := tp.cancel, tp.done
+	tp.cancel = nil
+	tp.mu.Unlock()
+	if cancel == nil {
+		t.Fatal("stop: proxy not running")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run returned %v, want nil after a graceful stop", err)
+		}
+	case <-time.After(tp.cfg.ShutdownGrace + 20*time.Second):
+		t.Fatalf("Run did not return within the shutdown grace")
+	}
+}
+
+// restart stops the proxy gracefully and starts it again on the same data
+// dir; its addresses change.
+func (tp *testProxy) restart() {
+	tp.t.Helper()
+	tp.stop()
+	tp.start()
+}
+
+// URL is the proxy's AMQP URL, with the broker's credentials and vhost.
+func (tp *testProxy) URL() string {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return tp.amqpURL
+}
+
+// HTTP is the base URL of the proxy's admin and metrics server.
+func (tp *testProxy) HTTP() string {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return tp.httpURL
+}
+
+// dial connects a client through the proxy; closed in t.Cleanup.
+func (tp *testProxy) dial(t testing.TB) *amqp.Connection {
+	t.Helper()
+	return dialURL(t, tp.URL())
+}
+
+// dialBroker connects a client straight to RabbitMQ; closed in t.Cleanup.
+func dialBroker(t testing.TB) *amqp.Connection {
+	t.Helper()
+	return dialURL(t, testbroker.URL(t))
+}
+
+func dialURL(t testing.TB, u string) *amqp.Connection {
+	t.Helper()
+	c, err := amqp.DialConfig(u, amqp.Config{
+		Properties: amqp.Table{"connection_name": "dp-e2e " + t.Name()},
+	})
+	if err != nil {
+		t.Fatalf("dial %s: %v", redactURL(u), err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func channel(t testing.TB, c *amqp.Connection) *amqp.Channel {
+	t.Helper()
+	ch, err := c.Channel()
+	if err != nil {
+		t.Fatalf("open channel: %v", err)
+	}
+	return ch
+}
+
+// confirmChannel opens a channel in confirm mode.
+func confirmChannel(t testing.TB, c *amqp.Connection) *amqp.Channel {
+	t.Helper()
+	ch := channel(t, c)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatalf("confirm.select: %v", err)
+	}
+	return ch
+}
+
+// uniqueName is an exchange or queue name no other test, run or machine
+// shares: "dp-e2e.<test name>.<kind>.<random>".
+func uniqueName(t testing.TB, kind string) string {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	n := strings.NewReplacer("/", ".", " ", "_", "#", "_").Replace(t.Name())
+	return fmt.Sprintf("dp-e2e.%s.%s.%s", n, kind, hex.EncodeToString(b[:]))
+}
+
+// declareDelayed declares, through ch (a proxy channel), a durable
+// x-delayed-message exchange of the given type with extra arguments, and
+// deletes it on the broker in t.Cleanup.
+func declareDelayed(t testing.TB, ch *amqp.Channel, typ string, extra amqp.Table) string {
+	t.Helper()
+	name := uniqueName(t, "x")
+	args := amqp.Table{"x-delayed-type": typ}
+	for k, v := range extra {
+		args[k] = v
+	}
+	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, args); err != nil {
+		t.Fatalf("declare delayed exchange %s (%s): %v", name, typ, err)
+	}
+	t.Cleanup(func() {
+		brokerCleanup(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+	})
+	return name
+}
+
+// declareQueue declares a queue straight on the broker (durable, so that it
+// survives broker faults) and deletes it in t.Cleanup.
+func declareQueue(t testing.TB, args amqp.Table) string {
+	t.Helper()
+	name := uniqueName(t, "q")
+	ch := channel(t, dialBroker(t))
+	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+		t.Fatalf("declare queue: %v", err)
+	}
+	ch.Close()
+	t.Cleanup(func() {
+		brokerCleanup(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err })
+	})
+	return name
+}
+
+// declarePlainExchange declares a non-delayed exchange on the broker and
+// deletes it in t.Cleanup.
+func declarePlainExchange(t testing.TB, typ string) string {
+	t.Helper()
+	name := uniqueName(t, "px")
+	ch := channel(t, dialBroker(t))
+	if err := ch.ExchangeDeclare(name, typ, true, false, false, false, nil); err != nil {
+		t.Fatalf("declare exchange: %v", err)
+	}
+	ch.Close()
+	t.Cleanup(func() {
+		brokerCleanup(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+	})
+	return name
+}
+
+// bind binds queue to exchange on the broker.
+func bind(t testing.TB, queue, key, exchange string, args amqp.Table) {
+	t.Helper()
+	ch := channel(t, dialBroker(t))
+	defer ch.Close()
+	if err := ch.QueueBind(queue, key, exchange, false, args); err != nil {
+		t.Fatalf("bind %s to %s (%q): %v", queue, exchange, key, err)
+	}
+}
+
+// brokerCleanup runs f on a fresh broker channel, reporting errors.
+func brokerCleanup(t testing.TB, f func(*amqp.Channel) error) {
+	c, err := amqp.Dial(testbroker.URL(t))
+	if err != nil {
+		t.Errorf("cleanup: %v", err)
+		return
+	}
+	defer c.Close()
+	ch, err := c.Channel()
+	if err != nil {
+		t.Errorf("cleanup: %v", err)
+		return
+	}
+	if err := f(ch); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+}
+
+// publish publishes one message and fails the test on a client-side error.
+func publish(t testing.TB, ch *amqp.Channel, exchange, key string, msg amqp.Publishing) {
+	t.Helper()
+	if err := ch.PublishWithContext(context.Background(), exchange, key, false, false, msg); err != nil {
+		t.Fatalf("publish to %s: %v", exchange, err)
+	}
+}
+
+// publishConfirmed publishes on a confirm-mode channel and waits for the ack.
+func publishConfirmed(t testing.TB, ch *amqp.Channel, exchange, key string, mandatory bool, msg amqp.Publishing) {
+	t.Helper()
+	dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), exchange, key, mandatory, false, msg)
+	if err != nil {
+		t.Fatalf("publish to %s: %v", exchange, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ok, err := dc.WaitContext(ctx)
+	if err != nil || !ok {
+		t.Fatalf("publish to %s: ack=%v err=%v", exchange, ok, err)
+	}
+}
+
+// delayed is a persistent publishing with x-delay and a message-id.
+func delayedMsg(delay any, id string) amqp.Publishing {
+	return amqp.Publishing{
+		Headers:      amqp.Table{"x-delay": delay},
+		DeliveryMode: amqp.Persistent,
+		MessageId:    id,
+		Body:         []byte("body of " + id),
+	}
+}
+
+// arrival is a delivery and the wall-clock time the consumer got it.
+type arrival struct {
+	amqp.Delivery
+	At time.Time
+}
+
+// consumer records every delivery of one queue with its arrival time.
+type consumer struct {
+	ch   *amqp.Channel
+	tag  string
+	mu   sync.Mutex // guards got
+	got  []arrival
+	more chan struct{} // signalled (capacity 1) after each arrival
+	done chan struct{} // closed when the delivery channel closed
+}
+
+// consume starts an auto-ack consumer on queue over conn (through the proxy
+// or straight to the broker); it stops with the connection.
+func consume(t testing.TB, conn *amqp.Connection, queue string) *consumer {
+	t.Helper()
+	ch := channel(t, conn)
+	if err := ch.Qos(0, 0, false); err != nil {
+		t.Fatalf("qos: %v", err)
+	}
+	tag := uniqueName(t, "ctag")
+	deliveries, err := ch.Consume(queue, tag, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("consume %s: %v", queue, err)
+	}
+	c := &consumer{ch: ch, tag: tag, more: make(chan struct{}, 1), done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for d := range deliveries {
+			at := time.Now()
+			c.mu.Lock()
+			c.got = append(c.got, arrival{Delivery: d, At: at})
+			c.mu.Unlock()
+			select {
+			case c.more <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		ch.Close()
+		<-c.done
+	})
+	return c
+}
+
+// stop cancels the consumer and returns everything it got: RabbitMQ sends
+// every delivery it started before basic.cancel-ok.
+func (c *consumer) stop(t testing.TB) []arrival {
+	t.Helper()
+	if err := c.ch.Cancel(c.tag, false); err != nil {
+		t.Fatalf("basic.cancel: %v", err)
+	}
+	select {
+	case <-c.done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("deliveries still open 15s after basic.cancel")
+	}
+	return c.snapshot()
+}
+
+// snapshot returns what arrived so far.
+func (c *consumer) snapshot() []arrival {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.got)
+}
+
+// wait returns once n messages have arrived; it fails the test after d.
+func (c *consumer) wait(t testing.TB, n int, d time.Duration) []arrival {
+	t.Helper()
+	timeout := time.NewTimer(d)
+	defer timeout.Stop()
+	for {
+		c.mu.Lock()
+		have := len(c.got)
+		c.mu.Unlock()
+		if have >= n {
+			return c.snapshot()
+		}
+		select {
+		case <-c.more:
+		case <-c.done:
+			t.Fatalf("consumer stopped after %d of %d messages", len(c.snapshot()), n)
+		case <-timeout.C:
+			t.Fatalf("timed out after %v: %d of %d messages arrived", d, have, n)
+		}
+	}
+}
+
+// eventually fails the test unless f reports true before d has passed.
+func eventually(t testing.TB, d time.Duration, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// closeError waits for the channel (or its connection) to close and returns
+// the error RabbitMQ or the proxy closed it with.
+func closeError(t testing.TB, closed <-chan *amqp.Error) *amqp.Error {
+	t.Helper()
+	select {
+	case e, ok := <-closed:
+		if !ok || e == nil {
+			t.Fatal("channel closed without an error")
+		}
+		return e
+	case <-time.After(15 * time.Second):
+		t.Fatal("channel still open after 15s")
+	}
+	return nil
+}
+
+// httpDo sends a request to the proxy's HTTP server and returns the status
+// and body.
+func (tp *testProxy) httpDo(t testing.TB, method, path string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, tp.HTTP()+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return resp.StatusCode, body
+}
+
+// exchangePath is the admin API path of a delayed exchange in vhost "/".
+func exchangePath(exchange string) string {
+	return "/api/exchanges/%2F/" + url.PathEscape(exchange)
+}
+
+// pending is the admin API's count of pending messages of a delayed
+// exchange in vhost "/".
+func (tp *testProxy) pending(t testing.TB, exchange string) int64 {
+	t.Helper()
+	code, body := tp.httpDo(t, http.MethodGet, exchangePath(exchange))
+	if code != http.StatusOK {
+		t.Fatalf("GET exchange %s: %d %s", exchange, code, body)
+	}
+	var e struct {
+		Pending int64 `json:"pending"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil {
+		t.Fatalf("GET exchange %s: %v: %s", exchange, err, body)
+	}
+	return e.Pending
+}
+
+// pendingMessage is one message of the admin API's list.
+type pendingMessage struct {
+	Key       string `json:"key"`
+	DueMs     int64  `json:"due_ms"`
+	DelayMs   int64  `json:"delay_ms"`
+	Priority  uint8  `json:"priority"`
+	MessageID string `json:"message_id"`
+}
+
+// listPending lists every pending message of a delayed exchange in vhost
+// "/", in release order, through the admin API's pages.
+func (tp *testProxy) listPending(t testing.TB, exchange string) []pendingMessage {
+	t.Helper()
+	var all []pendingMessage
+	after := ""
+	for {
+		path := exchangePath(exchange) + "/messages?limit=1000"
+		if after != "" {
+			path += "&after=" + after
+		}
+		code, body := tp.httpDo(t, http.MethodGet, path)
+		if code != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", path, code, body)
+		}
+		var page struct {
+			Messages  []pendingMessage `json:"messages"`
+			NextAfter string           `json:"next_after"`
+		}
+		if err := json.Unmarshal(body, &page); err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		all = append(all, page.Messages...)
+		if page.NextAfter == "" {
+			return all
+		}
+		after = page.NextAfter
+	}
+}
+
+// metric reads one unlabelled sample from the proxy's /metrics.
+func (tp *testProxy) metric(t testing.TB, name string) float64 {
+	t.Helper()
+	code, body := tp.httpDo(t, http.MethodGet, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("GET /metrics: %d", code)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(body)))
+	for sc.Scan() {
+		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("metric %s: %q: %v", name, line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("metric %s not in /metrics", name)
+	return 0
+}
+
+// drain gets every message from queue on the broker with basic.get, until
+// it is empty.
+func drain(t testing.TB, queue string) []amqp.Delivery {
+	t.Helper()
+	ch := channel(t, dialBroker(t))
+	defer ch.Close()
+	var out []amqp.Delivery
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatalf("basic.get %s: %v", queue, err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+// queueDepth is the number of ready messages in queue.
+func queueDepth(t testing.TB, queue string) int {
+	t.Helper()
+	ch := channel(t, dialBroker(t))
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("passive declare %s: %v", queue, err)
+	}
+	return q.Messages
+}
+
+// percentile of sorted durations, p in [0, 1].
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted)-1) + 0.5)
+	return sorted[i]
+}
+
+// storeFile is where a test proxy keeps its store.
+func (tp *testProxy) storeFile() string { return filepath.Join(tp.cfg.DataDir, StoreFile) }
+
+// errorIs reports whether err is an *amqp.Error with the code and a reason
+// containing text.
+func errorIs(err error, code int, text string) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == code && strings.Contains(ae.Reason, text)
+}
