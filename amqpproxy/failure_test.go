@@ -147,7 +147,7 @@ func TestUpstreamMissedHeartbeats(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("client not told")
 	}
-	if d := time.Since(start); d > 2500*time.Millisecond {
+	if d := time.Since(start); d > 2800*time.Millisecond { // 2 s, and slack for a busy machine
 		t.Fatalf("noticed after %v, want within two 1 s intervals", d)
 	}
 	fw.unfreeze()
@@ -174,7 +174,7 @@ func TestClientMissedHeartbeats(t *testing.T) {
 			beats++
 		}
 	}
-	if d := time.Since(start); d > 2500*time.Millisecond || d < 1500*time.Millisecond {
+	if d := time.Since(start); d > 2800*time.Millisecond || d < 1500*time.Millisecond { // 2 s, and slack
 		t.Fatalf("dropped after %v, want two 1 s intervals", d)
 	}
 	if beats < 2 {
