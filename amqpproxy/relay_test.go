@@ -381,6 +381,9 @@ func TestBasicGetPurgeRecover(t *testing.T) {
 	if err != nil || n != 3 {
 		t.Fatalf("purge: %d %v", n, err)
 	}
+	if n, err := ch.QueueDelete(q, false, false, false); err != nil || n != 0 {
+		t.Fatalf("delete: %d %v", n, err)
+	}
 }
 
 func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
@@ -461,6 +464,14 @@ func TestExchangeToExchangeBinding(t *testing.T) {
 		}
 	default:
 		t.Fatal("unbound publish was not returned")
+	}
+	for _, e := range []string{src, dst} {
+		if err := ch.ExchangeDelete(e, false, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ch.ExchangeDeclarePassive(dst, "direct", false, false, false, false, nil); err == nil {
+		t.Fatal("exchange still there after exchange.delete")
 	}
 }
 
