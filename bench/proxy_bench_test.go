@@ -254,3 +254,101 @@ func benchLatency(b *testing.B, mode uint8) {
 		})
 	}
 }
+
+// BenchmarkProxy_Interleaved runs the publish and consume loads in rounds of
+// 2000 messages that alternate between direct and proxied, so that load
+// from elsewhere on the machine hits both alike; it reports both rates and
+// their ratio (target >= 0.9). b.N is the number of messages per side.
+func BenchmarkProxy_Interleaved(b *testing.B) {
+	const round = 2000
+	b.Run("ConfirmedPublish64", func(b *testing.B) {
+		targets := proxyTargets(b)
+		var elapsed [2]time.Duration
+		type side struct {
+			ch       *amqp.Channel
+			q        string
+			confirms chan amqp.Confirmation
+		}
+		var sides [2]side
+		for i, t := range targets {
+			ch := dialChannel(b, t.url)
+			q := benchQueue(b, ch)
+			if err := ch.Confirm(false); err != nil {
+				b.Fatal(err)
+			}
+			sides[i] = side{ch, q, ch.NotifyPublish(make(chan amqp.Confirmation, round))}
+		}
+		msg := amqp.Publishing{Body: payload64, DeliveryMode: amqp.Persistent}
+		b.ResetTimer()
+		for done := 0; done < b.N; done += round {
+			n := min(round, b.N-done)
+			for i, s := range sides {
+				start := time.Now()
+				for range n {
+					if err := s.ch.PublishWithContext(context.Background(), "", s.q, false, false, msg); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for range n {
+					if c := <-s.confirms; !c.Ack {
+						b.Fatalf("nack %+v", c)
+					}
+				}
+				elapsed[i] += time.Since(start)
+			}
+		}
+		reportInterleaved(b, elapsed)
+	})
+	b.Run("ConsumeManualAck64", func(b *testing.B) {
+		targets := proxyTargets(b)
+		var elapsed [2]time.Duration
+		var chans [2]*amqp.Channel
+		var queues [2]string
+		for i, t := range targets {
+			chans[i] = dialChannel(b, t.url)
+			queues[i] = benchQueue(b, chans[i])
+			if err := chans[i].Qos(500, 0, false); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ResetTimer()
+		for done := 0; done < b.N; done += round {
+			n := min(round, b.N-done)
+			for i, ch := range chans {
+				b.StopTimer()
+				fill(b, testbroker.URL(b), queues[i], n)
+				b.StartTimer()
+				start := time.Now()
+				msgs, err := ch.Consume(queues[i], "bench", false, false, false, false, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for range n {
+					m, ok := <-msgs
+					if !ok {
+						b.Fatal("consumer closed")
+					}
+					if err := m.Ack(false); err != nil {
+						b.Fatal(err)
+					}
+				}
+				elapsed[i] += time.Since(start)
+				if err := ch.Cancel("bench", false); err != nil {
+					b.Fatal(err)
+				}
+				for range msgs { // drained when the cancel is done
+				}
+			}
+		}
+		reportInterleaved(b, elapsed)
+	})
+}
+
+func reportInterleaved(b *testing.B, elapsed [2]time.Duration) {
+	direct := float64(b.N) / elapsed[0].Seconds()
+	proxy := float64(b.N) / elapsed[1].Seconds()
+	b.ReportMetric(direct, "direct-msgs/s")
+	b.ReportMetric(proxy, "proxy-msgs/s")
+	b.ReportMetric(proxy/direct, "ratio")
+	b.ReportMetric(0, "ns/op")
+}
