@@ -69,9 +69,17 @@
 // calls ScanKeys from the cursor to now+Horizon, at most 4096 keys per loop
 // turn and at most MaxLoaded keys in the wheel. When a key below the cursor
 // must go into a full wheel, the wheel's latest key is evicted and the
-// cursor moves back to it, so the wheel always holds the earliest keys. At
-// start the cursor is zero: after a restart everything overdue drains first,
-// in key order, which is oldest due first and by priority within a due time.
+// cursor moves back to it, so the wheel always holds the earliest keys.
+//
+// Restart. The first load starts the cursor at the store's NextDue, so
+// everything overdue drains first, in key order: oldest due first, by
+// priority within a due time (invariant 4). The store sorts far messages
+// into slots for the range a scan asks for before answering, so behind a
+// backlog the loader asks for windows that start at one horizon and double
+// while it is still behind: the first release after a long downtime waits
+// for the first window only (measured: 2 ms after Open with 5M pending and
+// two hours down, against two minutes when the whole backlog was asked for
+// at once).
 //
 // Added and Cancelled. They append to a mutex-guarded inbox (at most 65536
 // keys between two loop turns) and wake the loop; they never wait for it.

@@ -30,6 +30,8 @@ type Store interface {
 	Stale(m *store.Message) bool
 	// Delete removes keys durably (a group commit).
 	Delete(ctx context.Context, keys ...store.Key) error
+	// NextDue is the earliest due time stored, if any.
+	NextDue() (int64, bool)
 }
 
 var _ Store = (*store.Store)(nil)
@@ -84,9 +86,10 @@ type Options struct {
 }
 
 const (
-	loadChunk = 4096        // most keys one ScanKeys call loads
-	maxInbox  = 1 << 16     // most keys Added or Cancelled queue between wakes
-	maxSleep  = time.Second // longest timer, so wall-clock jumps are noticed
+	maxWindow = int64(1) << 40 // ms, far beyond any backlog
+	loadChunk = 4096           // most keys one ScanKeys call loads
+	maxInbox  = 1 << 16        // most keys Added or Cancelled queue between wakes
+	maxSleep  = time.Second    // longest timer, so wall-clock jumps are noticed
 )
 
 // Scheduler loads due keys from the store into a Wheel and releases them in
@@ -119,6 +122,9 @@ type Scheduler struct {
 	// Owned by the loop goroutine.
 	w           *Wheel
 	cursor      store.Key              // keys >= cursor are on disk only
+	window      int64                  // ms a new scan window may cover beyond the cursor
+	windowEnd   int64                  // end of the current scan window, continued in chunks
+	jumped      bool                   // the cursor has skipped to the first stored key
 	outstanding map[store.Key]struct{} // out of the wheel, not yet answered or deleted
 	inflight    int                    // messages in Release calls
 	calls       int                    // Release calls running
@@ -189,6 +195,7 @@ func New(st Store, r Releaser, opts Options) *Scheduler {
 		clock:       opts.Clock,
 		log:         opts.Logger,
 		hzMs:        opts.Horizon.Milliseconds(),
+		window:      opts.Horizon.Milliseconds(),
 		notify:      make(chan struct{}, 1),
 		results:     make(chan releaseResult, opts.MaxInFlight),
 		deleted:     make(chan deleteResult, 1),
@@ -366,7 +373,11 @@ func (s *Scheduler) loadRange(now time.Time) (from, until int64, limit int, wake
 		return 0, 0, 0, s.loadAfter, false
 	}
 	limit = min(s.opts.MaxLoaded-s.w.Len(), loadChunk)
-	until = min(nowMs+s.hzMs, s.w.Horizon()+1)
+	end := from + s.window
+	if from < s.windowEnd {
+		end = s.windowEnd // the rest of a window scanned in chunks
+	}
+	until = min(nowMs+s.hzMs, s.w.Horizon()+1, end)
 	if limit <= 0 || until <= from {
 		return 0, 0, 0, time.Time{}, false // until release makes room
 	}
@@ -380,11 +391,25 @@ func (s *Scheduler) load(now time.Time) bool {
 	if !ok {
 		return false
 	}
-	if s.addBound.Load() < until {
-		// Before the scan: a key Added from now on below until is queued,
-		// and a key Added before this was stored before the scan began.
-		s.addBound.Store(until)
+	if !s.jumped {
+		// Skip the empty past: start at the first stored key. A key
+		// stored before the bound is raised is seen by NextDue; one
+		// stored later is queued by Added.
+		s.jumped = true
+		bound := now.UnixMilli() + s.hzMs
+		s.raiseAddBound(bound)
+		if first, ok := s.st.NextDue(); ok && first > from {
+			// Not past the bound: a key due after it, stored from now
+			// on, is left by Added to a scan.
+			s.cursor = store.MakeKey(min(first, bound), 255, 0)
+			if from, until, limit, _, ok = s.loadRange(now); !ok {
+				return false
+			}
+		}
 	}
+	// Before the scan: a key Added from now on below until is queued, and
+	// a key Added before this was stored before the scan began.
+	s.raiseAddBound(until)
 	n := 0
 	var next store.Key
 	stopped := false
@@ -405,11 +430,27 @@ func (s *Scheduler) load(now time.Time) bool {
 		return false
 	}
 	if stopped {
-		s.cursor = next
+		s.cursor, s.windowEnd = next, until
 		return true
 	}
 	s.cursor = store.MakeKey(until, 255, 0) // the first key due at until
+	if until < now.UnixMilli()+s.hzMs {
+		// Behind (a backlog): scan further next time. Small windows
+		// first make the store sort only the first stretch of a long
+		// backlog before the first release.
+		s.window = min(2*s.window, maxWindow)
+	} else {
+		s.window = s.hzMs
+	}
 	return false
+}
+
+// raiseAddBound raises addBound to b. A higher bound only makes Added queue
+// keys the loop then leaves to the loader, so raising it early is safe.
+func (s *Scheduler) raiseAddBound(b int64) {
+	if s.addBound.Load() < b {
+		s.addBound.Store(b)
+	}
 }
 
 // storeError logs err; store.ErrClosed ends Run, anything else pauses loading.

@@ -115,13 +115,14 @@ type snapshot struct {
 // harness runs a Scheduler over a real store in t.TempDir() with a fake
 // clock.
 type harness struct {
-	t    *testing.T
-	path string
-	st   *store.Store
-	clk  *ManualClock
-	rel  *recorder
-	s    *Scheduler
-	opts Options
+	t       *testing.T
+	path    string
+	st      *store.Store
+	backend Store // when set, the scheduler's view of st
+	clk     *ManualClock
+	rel     *recorder
+	s       *Scheduler
+	opts    Options
 
 	mu      sync.Mutex // guards gen and last
 	gen     uint64
@@ -165,10 +166,14 @@ func (h *harness) start() {
 	h.t.Helper()
 	opts := h.opts
 	opts.Clock = h.clk
+	var backend Store = h.st
+	if h.backend != nil {
+		backend = h.backend
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h.s = New(h.st, h.rel, opts)
+	h.s = New(backend, h.rel, opts)
 	h.idleCh = make(chan struct{}, 1)
 	h.s.testBegin = func() {
 		h.mu.Lock()
@@ -377,6 +382,48 @@ func TestRestartDrainsOverdueOldestFirst(t *testing.T) {
 	}
 	if n := h.st.Pending(); n != 0 {
 		t.Fatalf("store holds %d after the drain", n)
+	}
+}
+
+// scanLog is the real store, recording the ranges the loader asks for.
+type scanLog struct {
+	*store.Store
+	mu     sync.Mutex // guards ranges
+	ranges [][2]int64
+}
+
+func (l *scanLog) ScanKeys(from, until int64, fn func(store.Key) error) error {
+	l.mu.Lock()
+	l.ranges = append(l.ranges, [2]int64{from - t0, until - t0})
+	l.mu.Unlock()
+	return l.Store.ScanKeys(from, until, fn)
+}
+
+func TestBacklogLoadsInGrowingWindows(t *testing.T) {
+	// After ten hours down, the loader starts at the first stored key and
+	// asks for a short stretch first (the store sorts what it is asked for
+	// before it answers), then doubles: the first release does not wait
+	// for the whole backlog.
+	h := newHarness(t, Options{Horizon: time.Second})
+	var want []string
+	for i := range 50 {
+		id := fmt.Sprintf("m%02d", i)
+		h.put(id, -10*3_600_000+int64(i)*720_000, 0) // every 12 min over 10 h
+		want = append(want, id)
+	}
+	log := &scanLog{Store: h.st}
+	h.backend = log
+	h.start()
+	h.settle()
+	h.wantReleased(want...)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	first := log.ranges[0]
+	if first[0] != -10*3_600_000 || first[1]-first[0] > 1000 {
+		t.Fatalf("first scan %v ms, want one second from the first key at -36000000", first)
+	}
+	if n := len(log.ranges); n > 30 {
+		t.Fatalf("%d scans for a 10 h backlog: the window does not grow", n)
 	}
 }
 
