@@ -27,9 +27,9 @@ type Interceptor interface {
 // (see Call.Relay) run in the upstream reader goroutine and must not block.
 type ConnHooks interface {
 	// Methods lists the client methods passed to Method. Channel-0 methods,
-	// channel.open, channel.close, channel.close-ok and basic.publish are the
-	// session's own and never passed; every method not listed is relayed
-	// byte for byte.
+	// channel.open, channel.close, channel.close-ok, confirm.select,
+	// tx.select and basic.publish are the session's own and never passed;
+	// every method not listed is relayed byte for byte.
 	Methods() []wire.MethodID
 
 	// Method is called for each listed method the client sends on an open

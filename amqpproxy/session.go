@@ -92,7 +92,8 @@ func (s *session) run() {
 			s.hookMethods = map[wire.MethodID]bool{}
 			for _, id := range h.Methods() {
 				switch id {
-				case wire.IDChannelOpen, wire.IDChannelClose, wire.IDChannelCloseOk, wire.IDBasicPublish:
+				case wire.IDChannelOpen, wire.IDChannelClose, wire.IDChannelCloseOk, wire.IDBasicPublish,
+					wire.IDConfirmSelect, wire.IDTxSelect:
 				default:
 					if id.Class() != 10 {
 						s.hookMethods[id] = true
