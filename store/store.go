@@ -587,12 +587,11 @@ func (s *Store) slotKey(due int64) []byte { return u64(uint64(due / s.slotMs)) }
 // farBucketKey is the key of a far bucket: due / far width, 8 B BE.
 func (s *Store) farBucketKey(due int64) []byte { return u64(uint64(due / s.farMs)) }
 
-// roundUp rounds t up to a slot boundary, saturating at maxDue.
+// roundUp rounds t up to a slot boundary; t is capped at maxDue first, so
+// the result never overflows and stays a slot boundary.
 func (s *Store) roundUp(t int64) int64 {
-	if t >= maxDue {
-		return maxDue
-	}
-	return min(maxDue, (t+s.slotMs-1)/s.slotMs*s.slotMs)
+	t = min(t, maxDue)
+	return (t + s.slotMs - 1) / s.slotMs * s.slotMs
 }
 
 // readWatermark reads the watermark of tx's snapshot.

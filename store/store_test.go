@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -223,6 +224,7 @@ func TestScanRanges(t *testing.T) {
 		{name: "reversed range", from: base + 5000, until: base, want: nil},
 		{name: "before everything", from: 0, until: base, want: nil},
 		{name: "after everything", from: base + 10_000, until: base + 20_000, want: nil},
+		{name: "until beyond every due time", from: math.MinInt64, until: math.MaxInt64, want: seq(0, 20)},
 		{name: "ErrStop ends early without error", from: 0, until: base + 100_000, stopAfter: 3, stopWith: ErrStop, want: seq(0, 3)},
 		{name: "other error is returned", from: 0, until: base + 100_000, stopAfter: 2, stopWith: errBoom, want: seq(0, 2), wantErr: errBoom},
 	} {
