@@ -79,14 +79,24 @@ func TestWrongLogin(t *testing.T) {
 	}
 }
 
-func TestUnknownVhost(t *testing.T) {
+// TestVhostRefused: an unknown vhost, and one the user has no permission
+// on, are refused with RabbitMQ's 530 NOT_ALLOWED.
+func TestVhostRefused(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
-	u := strings.TrimSuffix(p.url(t), "/") + "/no-such-vhost"
-	_, err := amqp.Dial(u)
-	var ae *amqp.Error
-	if !errors.As(err, &ae) || ae.Code != amqp.NotAllowed || !strings.Contains(ae.Reason, "no-such-vhost") {
-		t.Fatalf("unknown vhost: %v", err)
+	forbidden := uniqueName(t)
+	rabbitmqctl(t, "add_vhost", forbidden) // guest has no permission there
+	t.Cleanup(func() { rabbitmqctl(t, "delete_vhost", forbidden) })
+	for _, tc := range []struct{ vhost, reason string }{
+		{"no-such-vhost", "vhost no-such-vhost not found"},
+		{forbidden, "access to vhost '" + forbidden + "' refused for user 'guest'"},
+	} {
+		u := strings.TrimSuffix(p.url(t), "/") + "/" + tc.vhost
+		_, err := amqp.Dial(u)
+		var ae *amqp.Error
+		if !errors.As(err, &ae) || ae.Code != amqp.NotAllowed || !strings.Contains(ae.Reason, tc.reason) {
+			t.Fatalf("vhost %s: %v", tc.vhost, err)
+		}
 	}
 }
 
