@@ -72,6 +72,9 @@ type Options struct {
 	// Logger receives errors and retries. Default slog.Default().
 	Logger *slog.Logger
 
+	// The hooks below are optional, for metrics. They are called from the
+	// scheduler's goroutines and must be quick and safe for concurrent use.
+
 	// OnReleased is called for each message RabbitMQ confirmed, with how
 	// long after its due time it was handed to the Releaser.
 	OnReleased func(m *store.Message, lateness time.Duration)
@@ -81,8 +84,6 @@ type Options struct {
 	// OnRetry is called with the number of messages whose release was not
 	// confirmed and will be retried.
 	OnRetry func(n int)
-	// Hooks are called from the scheduler's goroutines: they must be quick
-	// and safe for concurrent use.
 }
 
 const (
@@ -138,6 +139,7 @@ type Scheduler struct {
 	tokensAt    time.Time
 	spare       []store.Key
 	fatal       error
+	stopping    bool // Run is waiting for the last releases
 
 	maxInbox  int               // maxInbox, lowered by tests
 	testBegin func()            // tests: called as each loop iteration begins
@@ -262,8 +264,10 @@ func (s *Scheduler) kick() {
 }
 
 // Run releases due messages until ctx ends or the store is closed. It
-// returns after every release it started has been answered and every
-// confirmed message deleted; nil when ctx ended, else the store's error.
+// returns after every release it started has returned (they see ctx end)
+// and every confirmed message is deleted; nil when ctx ended, else the
+// store's error. A message published but not yet confirmed when ctx ends
+// stays stored and is released again by the next run (at-least-once).
 func (s *Scheduler) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -303,6 +307,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 
 	// Wait for the releases in flight, then delete what they confirmed.
 	cancel()
+	s.stopping = true
 	for s.inflight > 0 || s.deleting || len(s.toDelete) > 0 {
 		s.startDelete(ctx)
 		select {
@@ -579,6 +584,9 @@ func (s *Scheduler) finish(res releaseResult) {
 	for _, k := range res.retry {
 		delete(s.outstanding, k)
 		s.addKey(k)
+	}
+	if s.stopping {
+		return // cut short by shutdown: they stay stored for the next run
 	}
 	s.holdUntil = s.clock.Now().Add(s.backoff)
 	if res.err == nil {
