@@ -302,8 +302,8 @@ func prefilledStoreFile(b *testing.B, layout storeLayout, pending int) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	// v2: bump when the store's layout, its defaults or this prefill change.
-	path := filepath.Join(dir, fmt.Sprintf("store-v2-%s-pending%d-body%d-spread%d.db", layout.name, pending, storeBodyLen, storeSpread))
+	// v3: bump when the store's layout, its defaults or this prefill change.
+	path := filepath.Join(dir, fmt.Sprintf("store-v3-%s-pending%d-body%d-spread%d.db", layout.name, pending, storeBodyLen, storeSpread))
 	if _, err := os.Stat(path); err == nil {
 		return path
 	}

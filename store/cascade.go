@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"container/heap"
 	"math"
 	"slices"
@@ -117,6 +118,13 @@ func (s *Store) moveCascade(res scanResult) error {
 		slices.SortFunc(keys, compareKeys)
 		keys = slices.Compact(keys)
 	}
+	// Fill each slot in sequence order: every insert appends.
+	slices.SortFunc(keys, func(a, b Key) int {
+		if c := cmp.Compare(a.Due()/s.slotMs, b.Due()/s.slotMs); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Seq(), b.Seq())
+	})
 	tx, err := s.db.Begin(true)
 	if err != nil {
 		return commitError(err)
@@ -134,7 +142,7 @@ func (s *Store) moveCascade(res scanResult) error {
 		if fb == nil {
 			continue
 		}
-		v := fb.Get(farKey(k))
+		v := fb.Get(storedKey(k))
 		if v == nil {
 			continue // deleted during the scan
 		}
@@ -142,10 +150,10 @@ func (s *Store) moveCascade(res scanResult) error {
 			if bk, err = slots.CreateBucketIfNotExists(u64(uint64(idx))); err != nil {
 				return commitError(err)
 			}
-			bk.FillPercent = 1 // filled in key order
+			bk.FillPercent = 1 // filled in sequence order
 			scur = idx
 		}
-		if err := bk.Put(k[:], v); err != nil {
+		if err := bk.Put(storedKey(k), v); err != nil {
 			return commitError(err)
 		}
 		moved++
@@ -188,11 +196,11 @@ func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]Key, int64) {
 	evicted := int64(math.MaxInt64) // earliest due among keys dropped from the heap
 	c := fb.Cursor()
 	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		due := farDue(k)
+		due := storedDue(k)
 		if due < lo || due >= hi || due >= evicted {
 			continue
 		}
-		heap.Push(h, keyFromFar(k))
+		heap.Push(h, keyFromStored(k))
 		if h.Len() > s.passMax {
 			evicted = min(evicted, heap.Pop(h).(Key).Due())
 		}
@@ -208,8 +216,8 @@ func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]Key, int64) {
 		limit = lo + s.slotMs
 		keys = keys[:0]
 		for k, _ := c.First(); k != nil; k, _ = c.Next() {
-			if due := farDue(k); due >= lo && due < limit {
-				keys = append(keys, keyFromFar(k))
+			if due := storedDue(k); due >= lo && due < limit {
+				keys = append(keys, keyFromStored(k))
 			}
 		}
 	} else {

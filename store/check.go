@@ -77,15 +77,15 @@ func (s *Store) check() error {
 		if err := slots.ForEachBucket(func(sk []byte) error {
 			idx := int64(beUint64(sk))
 			n := 0
-			err := slots.Bucket(sk).ForEach(func(k, v []byte) error {
+			err := slots.Bucket(sk).ForEach(func(f, v []byte) error {
 				n++
-				if len(k) != KeySize {
-					add("slot %d: key %x of %d bytes", idx, k, len(k))
+				if len(f) != KeySize {
+					add("slot %d: key %x of %d bytes", idx, f, len(f))
 					return nil
 				}
-				key := Key(k)
+				key := keyFromStored(f)
 				if key.Due()/s.slotMs != idx || key.Due() >= w {
-					add("slot %d: key %x due %d misplaced (watermark %d)", idx, k, key.Due(), w)
+					add("slot %d: key %x due %d misplaced (watermark %d)", idx, key[:], key.Due(), w)
 				}
 				message(fmt.Sprintf("slot %d", idx), key, v)
 				return nil
@@ -108,7 +108,7 @@ func (s *Store) check() error {
 					add("far bucket %d: key %x of %d bytes", idx, f, len(f))
 					return nil
 				}
-				k := keyFromFar(f)
+				k := keyFromStored(f)
 				if k.Due()/s.farMs != idx {
 					add("far bucket %d: key %x due %d misplaced", idx, k[:], k.Due())
 				}

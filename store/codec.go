@@ -232,25 +232,26 @@ func idKey(vhost, exchange, id []byte, k Key) []byte {
 	return append(idPrefix(vhost, exchange, id), k[:]...)
 }
 
-// farKey reorders a Key so that a far bucket is appended in publish order:
-// sequence (8 B BE), due ms (8 B BE), 255-priority (1 B).
-func farKey(k Key) []byte {
+// storedKey is the key a message is stored under, in a slot or a far
+// bucket: the Key reordered so that a bucket is appended to in publish
+// order: sequence (8 B BE), due ms (8 B BE), 255-priority (1 B).
+func storedKey(k Key) []byte {
 	b := make([]byte, KeySize)
 	copy(b[0:8], k[9:17])
 	copy(b[8:17], k[0:9])
 	return b
 }
 
-// keyFromFar is the inverse of farKey.
-func keyFromFar(f []byte) Key {
+// keyFromStored is the inverse of storedKey.
+func keyFromStored(f []byte) Key {
 	var k Key
 	copy(k[0:9], f[8:17])
 	copy(k[9:17], f[0:8])
 	return k
 }
 
-// farDue is the due time of a far key without building the Key.
-func farDue(f []byte) int64 { return int64(binary.BigEndian.Uint64(f[8:16])) }
+// storedDue is the due time of a stored key without building the Key.
+func storedDue(f []byte) int64 { return int64(binary.BigEndian.Uint64(f[8:16])) }
 
 func u64(v uint64) []byte {
 	var b [8]byte

@@ -9,7 +9,8 @@
 //     fsync'd. A failed commit fails every request in it; nothing is dropped
 //     silently.
 //   - Key order is release order: due time, then higher priority, then
-//     publish order (a store-wide sequence).
+//     publish order (a store-wide sequence). Scan, ScanKeys and List return
+//     keys in that order.
 //   - Open reads metadata and the registry only, never messages, and memory
 //     does not grow with the number of pending messages.
 //   - Counters are exact: every stored message counts once, under the
@@ -22,9 +23,9 @@
 // Top-level buckets:
 //
 //	slots      slot index (due / SlotWidth, 8 B BE) -> nested bucket:
-//	               Key (17 B) -> encoded message          cursor order = release order
+//	               stored key (17 B) -> encoded message   messages due before W
 //	far        far index (due / FarWidth, 8 B BE) -> nested bucket:
-//	               far key (17 B) -> encoded message      appended in publish order
+//	               stored key (17 B) -> encoded message   messages due at or after W
 //	ids        uvarint len, vhost, uvarint len, exchange,
 //	           uvarint len, message-id, Key -> (empty)    only messages with a message-id
 //	exchanges  uvarint len, vhost, name -> encoded ExchangeDef
@@ -32,37 +33,41 @@
 //	           incarnation (last one handed out), watermark (ms),
 //	           counts: nested bucket incarnation (8 B BE) -> stored messages (8 B BE)
 //
+// A message is stored under its Key reordered sequence first, so that
+// every bucket is appended to in publish order:
+//
+//	stored key:  0              8              16     17
+//	             +--------------+--------------+------+
+//	             | sequence BE  | due ms BE    | 255- |
+//	             |              |              | prio |
+//	             +--------------+--------------+------+
+//
 // The cascade watermark W (a slot boundary, persisted in meta) splits the
-// messages: those due before W sit sorted in their slot; those due at or
-// after W are appended to the far bucket of their due time, keyed by
-// sequence first:
+// messages: those due before W sit in the slot of their due time (1 s
+// wide); those due at or after W in the far bucket of their due time (a
+// day wide). Readers sort one slot at a time in memory (Scan, ScanKeys,
+// NextDue, List), so memory is bounded by what is due within one slot
+// width, never by the pending count.
 //
-//	far key:  0              8              16     17
-//	          +--------------+--------------+------+
-//	          | sequence BE  | due ms BE    | 255- |
-//	          |              |              | prio |
-//	          +--------------+--------------+------+
+// Why: random due times make every Put land in a random place, and a B+tree
+// insert at a random place dirties a 4 KiB page of its own, written and
+// fsync'd at the commit: with hundreds of messages per commit, hundreds of
+// pages (plain bbolt with random keys manages ~14k inserts/s at 5M keys).
+// Keyed by due time inside a slot, the same happens within every slot.
+// Appending instead dirties only the last page of each bucket a commit
+// touches: delays spread over a day touch one or two far buckets, delays
+// within the next minute a few dozen slots.
 //
-// Why: random due times over a day make every Put land in a random slot,
-// and a B+tree insert at a random place dirties a page of its own. With
-// hundreds of messages per commit that is hundreds of 4 KiB pages written
-// and fsync'd per commit (plain bbolt with random keys manages ~14k
-// inserts/s at 5M keys). Appending to a handful of far buckets dirties only
-// their last pages, so the page count per commit stays near the size of the
-// data. When a Scan or ScanKeys asks for messages due at or after W, a
-// cascade pass runs: a goroutine scans the far bucket at W (keys only, on a
-// read transaction, while commits go on; far Puts committed into the range
-// meanwhile are noted by the writer), then the writer sorts the messages due
+// When a Scan or ScanKeys asks for messages due at or after W, a cascade
+// pass runs: a goroutine scans the far bucket at W (keys only, on a read
+// transaction, while commits go on; far Puts committed into the range
+// meanwhile are noted by the writer), then the writer moves the messages due
 // in the next stretch (up to Options.CascadeLead past the request, at most
-// 100k per pass) and writes them into fresh slots in key order, so slots are
-// built by appending too, and moves W, in one short transaction. A far
-// bucket is deleted once W passes its end; until then its entries below W
-// are shadow copies that every reader ignores. Released messages leave
-// through Delete, and a drained slot is removed with one DeleteBucket.
-//
-// Messages due before W (short delays, within the scheduler's horizon) are
-// inserted straight into their slot: that is a random insert, cheap while
-// the slots near W are few and small.
+// 100k per pass) into fresh slots, in sequence order so that slots are built
+// by appending too, and moves W, in one short transaction. A far bucket is
+// deleted once W passes its end; until then its entries below W are shadow
+// copies that every reader ignores. Released messages leave through Delete,
+// and a drained slot is removed with one DeleteBucket.
 //
 // # Message encoding (version 1)
 //

@@ -51,12 +51,12 @@ func (s *Store) lookup(tx *bolt.Tx, w int64, k Key) []byte {
 	due := k.Due()
 	if due < w {
 		if bk := tx.Bucket(bucketSlots).Bucket(s.slotKey(due)); bk != nil {
-			return bk.Get(k[:])
+			return bk.Get(storedKey(k))
 		}
 		return nil
 	}
 	if bk := tx.Bucket(bucketFar).Bucket(s.farBucketKey(due)); bk != nil {
-		return bk.Get(farKey(k))
+		return bk.Get(storedKey(k))
 	}
 	return nil
 }
@@ -118,30 +118,34 @@ func (s *Store) cascadeTo(until int64) error {
 	return s.do(context.Background(), &request{kind: opCascade, target: target})
 }
 
+// slotEntry is one message of a slot, sorted in memory.
+type slotEntry struct {
+	k Key
+	v []byte
+}
+
 // scanSlots calls fn for every slot entry due in [from, until) in key order
-// and returns fn's first error as is.
+// and returns fn's first error as is. A slot holds its keys in sequence
+// order, so each slot is read whole and sorted in memory: memory is bounded
+// by the messages due within one slot width, not by the pending count.
 func (s *Store) scanSlots(tx *bolt.Tx, from, until int64, fn func(k, v []byte) error) error {
 	slots := tx.Bucket(bucketSlots)
 	c := slots.Cursor()
-	first := from / s.slotMs
-	fromKey := MakeKey(from, 255, 0)
-	for sk, _ := c.Seek(u64(uint64(first))); sk != nil; sk, _ = c.Next() {
-		idx := int64(beUint64(sk))
-		if idx*s.slotMs >= until {
+	var buf []slotEntry
+	for sk, _ := c.Seek(u64(uint64(from / s.slotMs))); sk != nil; sk, _ = c.Next() {
+		if int64(beUint64(sk))*s.slotMs >= until {
 			return nil
 		}
+		buf = buf[:0]
 		ic := slots.Bucket(sk).Cursor()
-		var k, v []byte
-		if idx == first {
-			k, v = ic.Seek(fromKey[:])
-		} else {
-			k, v = ic.First()
-		}
-		for ; k != nil; k, v = ic.Next() {
-			if Key(k).Due() >= until {
-				return nil
+		for f, v := ic.First(); f != nil; f, v = ic.Next() {
+			if due := storedDue(f); due >= from && due < until {
+				buf = append(buf, slotEntry{keyFromStored(f), v})
 			}
-			if err := fn(k, v); err != nil {
+		}
+		slices.SortFunc(buf, func(a, b slotEntry) int { return compareKeys(a.k, b.k) })
+		for i := range buf {
+			if err := fn(buf[i].k[:], buf[i].v); err != nil {
 				return err
 			}
 		}
@@ -229,7 +233,7 @@ func (s *Store) Counts() []ExchangeCount {
 			bc := far.Bucket(fk).Cursor()
 			for k, v := bc.First(); k != nil; k, v = bc.Next() {
 				budget--
-				due := farDue(k)
+				due := storedDue(k)
 				if due < w {
 					continue
 				}
@@ -300,10 +304,10 @@ func (s *Store) List(vhost, exchange string, after Key, limit int, withBody bool
 			h := &keyHeap{}
 			bc := fb.Cursor()
 			for fkey, v := bc.First(); fkey != nil; fkey, v = bc.Next() {
-				if farDue(fkey) < w {
+				if storedDue(fkey) < w {
 					continue
 				}
-				k := keyFromFar(fkey)
+				k := keyFromStored(fkey)
 				if !match(k[:], v) || (h.Len() == need && compareKeys(k, (*h)[0]) > 0) {
 					continue
 				}
@@ -315,7 +319,7 @@ func (s *Store) List(vhost, exchange string, after Key, limit int, withBody bool
 			keys := []Key(*h)
 			slices.SortFunc(keys, compareKeys)
 			for _, k := range keys {
-				m, err := decodeMessage(k, fb.Get(farKey(k)), withBody)
+				m, err := decodeMessage(k, fb.Get(storedKey(k)), withBody)
 				if err != nil {
 					return err
 				}

@@ -420,6 +420,7 @@ func (b *batch) slot(idx int64, create bool) (*bolt.Bucket, error) {
 			return nil, err
 		}
 	}
+	bk.FillPercent = 1 // appended in sequence order: pack pages full
 	b.slotB[idx] = bk
 	return bk, nil
 }
@@ -452,12 +453,12 @@ func (b *batch) put(p *putItem) error {
 	if due < b.s.watermark {
 		var bk *bolt.Bucket
 		if bk, err = b.slot(due/b.s.slotMs, true); err == nil {
-			err = bk.Put(p.key[:], p.val)
+			err = bk.Put(storedKey(p.key), p.val)
 		}
 	} else {
 		var bk *bolt.Bucket
 		if bk, err = b.farBucket(due/b.s.farMs, true); err == nil {
-			err = bk.Put(farKey(p.key), p.val)
+			err = bk.Put(storedKey(p.key), p.val)
 		}
 		if b.farMinOK && due < b.farMin {
 			b.farMin = due
@@ -486,14 +487,12 @@ func (b *batch) remove(k Key) (inc uint64, found bool, err error) {
 	due := k.Due()
 	fine := due < b.s.watermark
 	var bk *bolt.Bucket
-	var key []byte
 	if fine {
 		bk, err = b.slot(due/b.s.slotMs, false)
-		key = k[:]
 	} else {
 		bk, err = b.farBucket(due/b.s.farMs, false)
-		key = farKey(k)
 	}
+	key := storedKey(k)
 	if bk == nil || err != nil {
 		return 0, false, err
 	}
@@ -615,13 +614,19 @@ func (s *Store) nextDueExact() (int64, bool, error) {
 	return due, ok, err
 }
 
-// firstSlotDue is the due time of the first key of the first slot.
+// firstSlotDue is the earliest due time in the first slot (a scan of one
+// slot: its keys are in sequence order).
 func firstSlotDue(tx *bolt.Tx) (int64, bool) {
 	slots := tx.Bucket(bucketSlots)
 	c := slots.Cursor()
 	for sk, _ := c.First(); sk != nil; sk, _ = c.Next() {
-		if k, _ := slots.Bucket(sk).Cursor().First(); k != nil {
-			return Key(k).Due(), true
+		m, ok := int64(math.MaxInt64), false
+		bc := slots.Bucket(sk).Cursor()
+		for k, _ := bc.First(); k != nil; k, _ = bc.Next() {
+			m, ok = min(m, storedDue(k)), true
+		}
+		if ok {
+			return m, true
 		}
 	}
 	return 0, false
@@ -636,7 +641,7 @@ func farMinimum(tx *bolt.Tx, w, farMs int64) int64 {
 		m := int64(math.MaxInt64)
 		bc := far.Bucket(fk).Cursor()
 		for k, _ := bc.First(); k != nil; k, _ = bc.Next() {
-			if d := farDue(k); d >= w && d < m {
+			if d := storedDue(k); d >= w && d < m {
 				m = d
 			}
 		}
