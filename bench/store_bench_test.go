@@ -151,6 +151,7 @@ func benchStorePutWith(b *testing.B, layout storeLayout, pending, writers int, o
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
 	b.ReportMetric(float64(b.N)/float64(max(commits, 1)), "msgs/commit")
 	b.ReportMetric(float64(st.CommitTime-before.CommitTime)/float64(max(commits, 1))/1e6, "ms/commit")
+	b.ReportMetric(float64(st.PageWrites-before.PageWrites)/float64(max(commits, 1)), "pages/commit")
 }
 
 // BenchmarkStoreReopen_Pending5M measures a restart: Open a store with 5M

@@ -158,4 +158,5 @@ type Stats struct {
 	CascadedMessages uint64        // messages moved by cascade passes
 	CascadeTime      time.Duration // total time spent in cascade passes
 	Stale            int64         // stored messages of deleted or cancelled exchange incarnations
+	PageWrites       uint64        // pages bbolt wrote (commits and cascades): write amplification
 }

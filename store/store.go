@@ -578,6 +578,8 @@ func (s *Store) Stats() Stats {
 	s.mu.RLock()
 	st.Stale = s.stale
 	s.mu.RUnlock()
+	bs := s.db.Stats()
+	st.PageWrites = uint64(bs.TxStats.GetWrite())
 	return st
 }
 
