@@ -1000,7 +1000,7 @@ func TestDelayed_PublisherAndConsumerThroughProxy(t *testing.T) {
 // brokerfaults), since it takes about a minute with -race.
 func TestRelease_BurstSameMillisecondByPriority(t *testing.T) {
 	t.Parallel()
-	testBurst(t, 20_000, 4*time.Second)
+	testBurst(t, 20_000)
 }
 
 // testBurst publishes n messages through the proxy that are all due at one
@@ -1009,49 +1009,89 @@ func TestRelease_BurstSameMillisecondByPriority(t *testing.T) {
 // The proxy computes due = its clock + x-delay when it reads a publish, so a
 // client cannot give thousands of publishes one due millisecond on its own:
 // the clock delayed publishes are timed by is frozen while they are sent.
-// They are sent in one transaction, so the scheduler learns about all of
-// them at once at tx.commit, and no release can start while later, higher
-// priority messages are still coming in. The due time is delay after the
-// frozen instant: when the commit is done before it (as it usually is) the
-// wheel fires one slot holding every message; otherwise they are a backlog
-// of one due time, which drains in the same order.
-func testBurst(t *testing.T, n int, delay time.Duration) {
-	frozen := time.Now()
-	due := frozen.Add(delay)
-	var clockMu sync.Mutex // guards clock
-	clock := func() time.Time { return frozen }
+// Four publishers send them in one transaction each, so the scheduler
+// learns about each one's messages at once at its tx.commit. The delay is
+// sized from calibration transactions (rolled back) so that every commit
+// usually lands before the due time and the wheel fires one slot holding
+// every message; if some land later, the messages are a backlog of one due
+// time, which must drain in the same order. Either way no release starts
+// while later, higher priority messages are still coming in.
+func testBurst(t *testing.T, n int) {
+	const publishers = 4
+	var clockMu sync.Mutex // guards frozen
+	var frozen time.Time   // zero: the clock runs
 	tp := startProxyClock(t, nil, func() time.Time {
 		clockMu.Lock()
 		defer clockMu.Unlock()
-		return clock()
+		if frozen.IsZero() {
+			return time.Now()
+		}
+		return frozen
 	})
-	conn := tp.dial(t)
-	ch := channel(t, conn)
-	ex := declareDelayed(t, ch, "direct", nil)
+	var chans [publishers]*amqp.Channel
+	for p := range chans {
+		chans[p] = channel(t, tp.dial(t))
+		if err := chans[p].Tx(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ex := declareDelayed(t, chans[0], "direct", nil)
 	q := declareQueue(t, nil) // classic, no x-max-priority: arrival order is kept
 	bind(t, q, "k", ex, nil)
 	cons := consume(t, dialBroker(t), q)
 
-	if err := ch.Tx(); err != nil {
-		t.Fatal(err)
+	// send publishes count messages from each publisher in parallel, then
+	// commits (or rolls back) every transaction.
+	send := func(count int, delay time.Duration, commit bool) {
+		var wg sync.WaitGroup
+		for p, ch := range chans {
+			wg.Go(func() {
+				for i := range count {
+					prio := (i*7 + p) % 10
+					err := ch.PublishWithContext(context.Background(), ex, "k", false, false, amqp.Publishing{
+						Headers:   amqp.Table{"x-delay": int64(delay / time.Millisecond)},
+						Priority:  uint8(prio),
+						MessageId: fmt.Sprintf("%d/%d/%d", prio, p, i),
+					})
+					if err != nil {
+						t.Errorf("publisher %d: %v", p, err)
+						return
+					}
+				}
+				end := ch.TxRollback
+				if commit {
+					end = ch.TxCommit
+				}
+				if err := end(); err != nil {
+					t.Errorf("publisher %d: end of transaction: %v", p, err)
+				}
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
 	}
+
+	calibration := min(n/10, 2000)
 	began := time.Now()
-	for i := range n {
-		prio := (i * 7) % 10
-		publish(t, ch, ex, "k", amqp.Publishing{
-			Headers:   amqp.Table{"x-delay": int64(delay / time.Millisecond)},
-			Priority:  uint8(prio),
-			MessageId: fmt.Sprintf("%d/%d", prio, i),
-		})
-	}
-	if err := ch.TxCommit(); err != nil {
-		t.Fatalf("tx.commit of %d delayed publishes: %v", n, err)
-	}
+	send(calibration/publishers, time.Hour, false)
+	estimate := time.Since(began) * time.Duration(n) / time.Duration(calibration)
+	// Generous: with -race the proxy slows down as a transaction grows.
+	delay := (2*estimate + 1500*time.Millisecond).Truncate(time.Millisecond)
+
+	clockMu.Lock()
+	frozen = time.Now()
+	clockMu.Unlock()
+	due := frozen.Add(delay)
+	began = time.Now()
+	send(n/publishers, delay, true)
 	committed := time.Now()
 	clockMu.Lock()
-	clock = time.Now
+	frozen = time.Time{}
 	clockMu.Unlock()
-	t.Logf("published and committed %d messages due at one millisecond in %v (%.0f msg/s); commit done %v before the due time",
+	n = n / publishers * publishers
+	t.Logf("published and committed %d messages due at one millisecond in %v (%.0f msg/s); commits done %v before the due time",
 		n, committed.Sub(began), float64(n)/committed.Sub(began).Seconds(), due.Sub(committed))
 	if committed.Before(due) {
 		if got := cons.snapshot(); len(got) > 0 {
@@ -1063,19 +1103,32 @@ func testBurst(t *testing.T, n int, delay time.Duration) {
 	if got[0].At.Before(due) {
 		t.Errorf("first message arrived %v before the due time", due.Sub(got[0].At))
 	}
-	prev := struct{ prio, seq int }{10, -1}
+	// Highest priority first. Within a priority, publish order: each
+	// publisher's messages in order, and the publishers one after the other
+	// (a commit's messages are stored together).
+	prevPrio, prevPub := 10, -1
+	lastSeq := map[[2]int]int{}
+	done := map[[2]int]bool{} // (priority, publisher) groups already passed
 	for i, a := range got {
-		var prio, seq int
-		if _, err := fmt.Sscanf(a.MessageId, "%d/%d", &prio, &seq); err != nil {
+		var prio, pub, seq int
+		if _, err := fmt.Sscanf(a.MessageId, "%d/%d/%d", &prio, &pub, &seq); err != nil {
 			t.Fatalf("message id %q: %v", a.MessageId, err)
 		}
+		g := [2]int{prio, pub}
 		switch {
-		case prio > prev.prio:
-			t.Fatalf("arrival %d: priority %d after priority %d", i, prio, prev.prio)
-		case prio == prev.prio && seq <= prev.seq:
-			t.Fatalf("arrival %d: message %d of priority %d after message %d", i, seq, prio, prev.seq)
+		case prio > prevPrio:
+			t.Fatalf("arrival %d: priority %d after priority %d", i, prio, prevPrio)
+		case done[g]:
+			t.Fatalf("arrival %d: publisher %d's priority %d messages are interleaved with another's", i, pub, prio)
 		}
-		prev.prio, prev.seq = prio, seq
+		if last, ok := lastSeq[g]; ok && seq <= last {
+			t.Fatalf("arrival %d: publisher %d's message %d (priority %d) after its message %d", i, pub, seq, prio, last)
+		}
+		if prevPub >= 0 && (prio != prevPrio || pub != prevPub) {
+			done[[2]int{prevPrio, prevPub}] = true
+		}
+		lastSeq[g] = seq
+		prevPrio, prevPub = prio, pub
 	}
 	eventually(t, 30*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
 	if rest := cons.stop(t); len(rest) != n {

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -513,6 +512,23 @@ func (tp *testProxy) pending(t testing.TB, exchange string) int64 {
 	return e.Pending
 }
 
+// nextDue is the admin API's due time of the next pending message of a
+// delayed exchange in vhost "/"; false when none is pending.
+func (tp *testProxy) nextDue(t testing.TB, exchange string) (time.Time, bool) {
+	t.Helper()
+	code, body := tp.httpDo(t, http.MethodGet, exchangePath(exchange))
+	if code != http.StatusOK {
+		t.Fatalf("GET exchange %s: %d %s", exchange, code, body)
+	}
+	var e struct {
+		NextDueMs int64 `json:"next_due_ms"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil {
+		t.Fatalf("GET exchange %s: %v: %s", exchange, err, body)
+	}
+	return time.UnixMilli(e.NextDueMs), e.NextDueMs > 0
+}
+
 // pendingMessage is one message of the admin API's list.
 type pendingMessage struct {
 	Key       string `json:"key"`
@@ -613,9 +629,6 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	i := int(p*float64(len(sorted)-1) + 0.5)
 	return sorted[i]
 }
-
-// storeFile is where a test proxy keeps its store.
-func (tp *testProxy) storeFile() string { return filepath.Join(tp.cfg.DataDir, StoreFile) }
 
 // errorIs reports whether err is an *amqp.Error with the code and a reason
 // containing text.

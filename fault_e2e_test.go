@@ -1,0 +1,132 @@
+//go:build brokerfaults
+
+package delayproxy
+
+// Tests that stop RabbitMQ or load it for minutes. They disrupt every other
+// test on the machine, so CI runs them separately and serially:
+//
+//	go test -race -tags brokerfaults -p 1 -run '^TestFault' ./...
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+)
+
+// rabbitmqctl runs one rabbitmqctl command and fails the test if it fails.
+func rabbitmqctl(t testing.TB, args ...string) {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
+	}
+}
+
+// stopBroker stops the RabbitMQ application (the Erlang node stays up); the
+// broker is started again in t.Cleanup whatever happens.
+func stopBroker(t *testing.T) {
+	t.Helper()
+	t.Cleanup(func() { startBroker(t) })
+	rabbitmqctl(t, "stop_app")
+}
+
+// startBroker starts the RabbitMQ application and waits until it accepts
+// AMQP connections again.
+func startBroker(t testing.TB) {
+	t.Helper()
+	if out, err := exec.Command("rabbitmqctl", "start_app").CombinedOutput(); err != nil {
+		t.Errorf("rabbitmqctl start_app: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		c, err := amqp.Dial(testbroker.URL(t))
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("RabbitMQ does not accept connections 2 minutes after start_app: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestFaultBrokerStopDuringRelease: RabbitMQ's application is stopped while
+// messages are being released and started again: nothing is lost, and
+// release resumes. Duplicates are allowed, bounded by the releases in
+// flight when RabbitMQ went away (one batch, 256).
+func TestFaultBrokerStopDuringRelease(t *testing.T) {
+	const n = 3000
+	tp := startProxy(t, nil)
+	ch := confirmChannel(t, tp.dial(t))
+	ex := declareDelayed(t, ch, "fanout", nil) // durable
+	q := declareQueue(t, nil)                  // durable; messages are persistent
+	bind(t, q, "", ex, nil)
+
+	confirms := make([]*amqp.DeferredConfirmation, n)
+	for i := range n {
+		// Spread over 0.3-6.3 s.
+		ms := int32(300 + (i*7919)%6000)
+		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), ex, "", false, false, delayedMsg(ms, fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		confirms[i] = dc
+	}
+	for i, dc := range confirms {
+		if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+			t.Fatalf("publish %d: ack=%v err=%v", i, ok, err)
+		}
+	}
+	eventually(t, 20*time.Second, "releases to begin", func() bool { return queueDepth(t, q) > 0 })
+	stopBroker(t)
+	pendingAtStop := tp.pending(t, ex)
+	// Stay down until messages have been due for a second and could not
+	// be released.
+	eventually(t, 30*time.Second, "messages to fall due while RabbitMQ is down", func() bool {
+		due, ok := tp.nextDue(t, ex)
+		return ok && time.Since(due) > time.Second
+	})
+	if p := tp.pending(t, ex); p < pendingAtStop {
+		t.Fatalf("pending fell from %d to %d while RabbitMQ was down", pendingAtStop, p)
+	}
+	startBroker(t)
+	restarted := time.Now()
+	eventually(t, 2*time.Minute, "every message to be released", func() bool { return tp.pending(t, ex) == 0 })
+	resumed := time.Since(restarted)
+
+	got := drain(t, q)
+	count := map[string]int{}
+	for _, d := range got {
+		count[d.MessageId]++
+	}
+	dups := 0
+	for i := range n {
+		switch c := count[fmt.Sprint(i)]; {
+		case c == 0:
+			t.Errorf("message %d lost", i)
+		case c > 1:
+			dups += c - 1
+		}
+	}
+	if dups > 256 {
+		t.Errorf("%d duplicates, more than one release batch", dups)
+	}
+	if r := tp.metric(t, "delayproxy_upstream_reconnects_total"); r < 1 {
+		t.Errorf("upstream_reconnects_total = %v after RabbitMQ restarted", r)
+	}
+	t.Logf("%d pending when RabbitMQ stopped; all released %v after it was back; %d duplicates", pendingAtStop, resumed, dups)
+}
+
+// TestFaultBurst100k: 100,000 messages due at one millisecond, priorities
+// 0-9, arrive by priority then publish order (TestRelease_BurstSameMillisecondByPriority
+// with 100,000: it takes over a minute with -race on 2 cores).
+func TestFaultBurst100k(t *testing.T) {
+	testBurst(t, 100_000)
+}
