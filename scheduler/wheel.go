@@ -10,12 +10,13 @@ import (
 )
 
 const (
-	minSpan     = 128 // smallest number of slots
-	bucketShift = 6   // a bucket is 64 one-ms slots: one word of occ
-	stageKeep   = 256 // a drained stage array up to this capacity is kept
-	freeMax     = 1024
-	freeMaxCap  = 64 // emptied slot arrays up to this capacity are reused, freeMax of them
-	slotCap     = 8  // capacity of a new slot array
+	minSpan      = 128  // smallest number of slots
+	bucketShift  = 6    // a bucket is 64 one-ms slots: one word of occ
+	stagePool    = 4    // drained stage arrays kept for the next buckets
+	stagePoolCap = 4096 // largest stage array kept there
+	freeMax      = 1024
+	freeMaxCap   = 64 // emptied slot arrays up to this capacity are reused, freeMax of them
+	slotCap      = 8  // capacity of a new slot array
 )
 
 // Wheel is a hashed timing wheel of store keys with one slot per millisecond.
@@ -39,9 +40,10 @@ type Wheel struct {
 	// [open, Horizon()] are staged, unsorted, in the bucket of their due
 	// time until the wheel reaches that bucket.
 	open   int64
-	stage  []bucket // stage[(due>>6) & (nb-1)]
-	socc   []uint64 // bit b set when stage[b] is not empty
-	staged int      // entries staged
+	stage  []bucket      // stage[(due>>6) & (nb-1)]
+	socc   []uint64      // bit b set when stage[b] is not empty
+	staged int           // entries staged
+	spool  [][]store.Key // drained stage arrays for reuse
 
 	over []store.Key // entries due <= pos, sorted; the live ones are over[head:]
 	head int
@@ -109,6 +111,9 @@ func (w *Wheel) Add(k store.Key) bool {
 	}
 	b := &w.stage[(d>>bucketShift)&(w.nb-1)]
 	if len(b.keys) == 0 {
+		if n := len(w.spool); cap(b.keys) == 0 && n > 0 {
+			b.keys, w.spool = w.spool[n-1], w.spool[:n-1]
+		}
 		i := (d >> bucketShift) & (w.nb - 1)
 		w.socc[i>>6] |= 1 << (i & 63)
 		b.maxKey, b.maxSeq = k, k.Seq()
@@ -330,11 +335,12 @@ func (w *Wheel) openBucket(b int64) {
 		w.addSlot(k.Due(), k)
 	}
 	w.staged -= len(st.keys)
-	keys := st.keys[:0]
-	if cap(keys) > stageKeep {
-		keys = nil
+	// The array goes to the bucket that starts filling next, not back to
+	// this one, which fills again only a span later.
+	if cap(st.keys) <= stagePoolCap && len(w.spool) < stagePool {
+		w.spool = append(w.spool, st.keys[:0])
 	}
-	*st = bucket{keys: keys}
+	*st = bucket{}
 	w.socc[i>>6] &^= 1 << (i & 63)
 	w.open = (b + 1) << bucketShift
 }
