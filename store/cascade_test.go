@@ -395,3 +395,51 @@ func TestCascadeWritesDuringScan(t *testing.T) {
 		t.Fatalf("Pending %d, want 4", p)
 	}
 }
+
+// TestScanBusySlotInChunks reads a slot of thousands of messages in chunks
+// the way the scheduler's loader does (ErrStop after a chunk, then again
+// from the last due time, skipping keys already seen).
+func TestScanBusySlotInChunks(t *testing.T) {
+	h := newHarness(t, Options{NoSync: true})
+	h.exchange("/", "x")
+	h.keys(0, base) // slots from here on
+	r := rand.New(rand.NewPCG(5, 6))
+	var want []Key
+	for range 10 {
+		var batch []*Message
+		for range 500 {
+			m := msg("x", base-2000+r.Int64N(3)*400, uint8(r.IntN(4)), "")
+			batch = append(batch, m)
+		}
+		h.put(batch...)
+		for _, m := range batch {
+			want = append(want, m.Key)
+		}
+	}
+	slices.SortFunc(want, compareKeys)
+	var got []Key
+	var last Key
+	for {
+		n := 0
+		err := h.s.ScanKeys(last.Due(), base, func(k Key) error {
+			if len(got) > 0 && compareKeys(k, last) <= 0 {
+				return nil
+			}
+			got = append(got, k)
+			last = k
+			if n++; n == 97 {
+				return ErrStop
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n < 97 {
+			break
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("chunked scan returned %d keys, want %d in key order", len(got), len(want))
+	}
+}

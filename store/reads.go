@@ -126,31 +126,72 @@ type slotEntry struct {
 
 // scanSlots calls fn for every slot entry due in [from, until) in key order
 // and returns fn's first error as is. A slot holds its keys in sequence
-// order, so each slot is read whole and sorted in memory: memory is bounded
-// by the messages due within one slot width, not by the pending count.
+// order, so each slot is read whole and ordered in memory: memory is bounded
+// by the messages due within one slot width, not by the pending count. The
+// order comes from a heap popped as fn consumes, so a caller that stops
+// early (ErrStop after a chunk) pays O(slot) per call, not a full sort.
 func (s *Store) scanSlots(tx *bolt.Tx, from, until int64, fn func(k, v []byte) error) error {
 	slots := tx.Bucket(bucketSlots)
 	c := slots.Cursor()
-	var buf []slotEntry
+	var h slotHeap
 	for sk, _ := c.Seek(u64(uint64(from / s.slotMs))); sk != nil; sk, _ = c.Next() {
 		if int64(beUint64(sk))*s.slotMs >= until {
 			return nil
 		}
-		buf = buf[:0]
+		h = h[:0]
 		ic := slots.Bucket(sk).Cursor()
 		for f, v := ic.First(); f != nil; f, v = ic.Next() {
 			if due := storedDue(f); due >= from && due < until {
-				buf = append(buf, slotEntry{keyFromStored(f), v})
+				h = append(h, slotEntry{keyFromStored(f), v})
 			}
 		}
-		slices.SortFunc(buf, func(a, b slotEntry) int { return compareKeys(a.k, b.k) })
-		for i := range buf {
-			if err := fn(buf[i].k[:], buf[i].v); err != nil {
+		h.init()
+		for len(h) > 0 {
+			e := h.pop()
+			if err := fn(e.k[:], e.v); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// slotHeap is a min-heap of slot entries by key (no boxing, unlike
+// container/heap).
+type slotHeap []slotEntry
+
+func (h slotHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+func (h *slotHeap) pop() slotEntry {
+	old := *h
+	e := old[0]
+	n := len(old) - 1
+	old[0] = old[n]
+	*h = old[:n]
+	h.down(0)
+	return e
+}
+
+func (h slotHeap) down(i int) {
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			return
+		}
+		m := l
+		if r := l + 1; r < len(h) && compareKeys(h[r].k, h[l].k) < 0 {
+			m = r
+		}
+		if compareKeys(h[m].k, h[i].k) >= 0 {
+			return
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
 }
 
 // NextDue is the earliest due time of any stored message (stale ones
