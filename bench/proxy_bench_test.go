@@ -280,9 +280,11 @@ func BenchmarkProxy_Interleaved(b *testing.B) {
 		}
 		msg := amqp.Publishing{Body: payload64, DeliveryMode: amqp.Persistent}
 		b.ResetTimer()
-		for done := 0; done < b.N; done += round {
+		for done, r := 0, 0; done < b.N; done, r = done+round, r+1 {
 			n := min(round, b.N-done)
-			for i, s := range sides {
+			for k := range sides {
+				i := (k + r) % 2 // who goes first alternates
+				s := sides[i]
 				start := time.Now()
 				for range n {
 					if err := s.ch.PublishWithContext(context.Background(), "", s.q, false, false, msg); err != nil {
@@ -312,9 +314,11 @@ func BenchmarkProxy_Interleaved(b *testing.B) {
 			}
 		}
 		b.ResetTimer()
-		for done := 0; done < b.N; done += round {
+		for done, r := 0, 0; done < b.N; done, r = done+round, r+1 {
 			n := min(round, b.N-done)
-			for i, ch := range chans {
+			for k := range chans {
+				i := (k + r) % 2 // who goes first alternates
+				ch := chans[i]
 				b.StopTimer()
 				fill(b, testbroker.URL(b), queues[i], n)
 				b.StartTimer()
