@@ -1,0 +1,317 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+)
+
+// End-to-end benchmarks of delayed messages: a whole delayproxy (listener,
+// interceptor, store with fsync, scheduler, releaser) in this process in
+// front of the real RabbitMQ (AMQP_URL). Run them with
+//
+//	go test -run '^$' -bench 'Delayed|Release_' -benchtime 1x ./bench/
+
+// startDelayProxy runs a delayproxy on a temporary data dir and returns its
+// AMQP URL (with the broker's credentials); it stops in b.Cleanup. Its logs
+// go to stderr when DELAYPROXY_BENCH_LOG is set.
+func startDelayProxy(b *testing.B) string {
+	b.Helper()
+	cfg := delayproxy.DefaultConfig()
+	cfg.ListenAddr = "127.0.0.1:0"
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.UpstreamURL = testbroker.URL(b)
+	cfg.DataDir = b.TempDir()
+	var logs io.Writer = io.Discard
+	if os.Getenv("DELAYPROXY_BENCH_LOG") != "" {
+		logs = os.Stderr
+	}
+	p, err := delayproxy.New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	b.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Errorf("delayproxy.Run: %v", err)
+		}
+	})
+	select {
+	case <-p.Ready():
+	case err := <-done:
+		b.Fatalf("delayproxy.Run: %v", err)
+	}
+	amqpAddr, _ := p.Addrs()
+	u, err := url.Parse(cfg.UpstreamURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	u.Scheme, u.Host = "amqp", amqpAddr.String()
+	return u.String()
+}
+
+// declareDelayedExchange declares a durable x-delayed-message exchange of
+// the given type through a proxy channel; it is deleted (through the proxy,
+// so its pending messages are dropped too) in b.Cleanup.
+func declareDelayedExchange(b *testing.B, ch *amqp.Channel, typ string) string {
+	b.Helper()
+	name := fmt.Sprintf("dp-bench.delayed.%d", time.Now().UnixNano())
+	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": typ}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ch.ExchangeDelete(name, false, false) })
+	return name
+}
+
+// confirmedPublisher publishes on one confirm-mode channel with up to window
+// unconfirmed messages.
+type confirmedPublisher struct {
+	ch       *amqp.Channel
+	confirms chan amqp.Confirmation
+	window   int
+}
+
+func newConfirmedPublisher(b *testing.B, u string, window int) *confirmedPublisher {
+	b.Helper()
+	ch := dialChannel(b, u)
+	if err := ch.Confirm(false); err != nil {
+		b.Fatal(err)
+	}
+	return &confirmedPublisher{ch: ch, confirms: ch.NotifyPublish(make(chan amqp.Confirmation, window)), window: window}
+}
+
+// publishN publishes n messages made by msg, keeping the window full, and
+// returns when all are confirmed.
+func (p *confirmedPublisher) publishN(b *testing.B, exchange, key string, n int, msg func(i int) amqp.Publishing) {
+	unconfirmed := 0
+	wait := func() {
+		if c := <-p.confirms; !c.Ack {
+			b.Errorf("nack %+v", c)
+		}
+		unconfirmed--
+	}
+	for i := range n {
+		if unconfirmed == p.window {
+			wait()
+		}
+		if err := p.ch.PublishWithContext(context.Background(), exchange, key, false, false, msg(i)); err != nil {
+			b.Error(err)
+			return
+		}
+		unconfirmed++
+	}
+	for unconfirmed > 0 {
+		wait()
+	}
+}
+
+// BenchmarkDelayedPublish_ProxyVsDirect compares confirmed publishing of
+// delayed messages through the proxy (x-delay 1 h, so each is stored with
+// fsync before its confirm, and nothing is released meanwhile) with
+// confirmed persistent publishing straight to a durable queue in RabbitMQ:
+// 64-byte bodies, 4 publishers on their own connections, each with up to
+// 256 unconfirmed messages, the same shape on both sides. It alternates
+// rounds of 4,000 messages between the two so that load from elsewhere on
+// the machine hits both alike, and reports both rates and their ratio
+// (proxy / direct). Target: ratio >= 1.5. b.N is the messages per side.
+func BenchmarkDelayedPublish_ProxyVsDirect(b *testing.B) {
+	const (
+		publishers = 4
+		window     = 256
+		round      = 4000
+	)
+	direct := testbroker.URL(b)
+	proxied := startDelayProxy(b)
+	q := benchQueue(b, dialChannel(b, direct))
+	ex := declareDelayedExchange(b, dialChannel(b, proxied), "direct")
+
+	type side struct {
+		name, exchange, key string
+		pubs                []*confirmedPublisher
+		msg                 amqp.Publishing
+		elapsed             time.Duration
+	}
+	sides := []*side{
+		{name: "direct", key: q, msg: amqp.Publishing{Body: payload64, DeliveryMode: amqp.Persistent}},
+		{name: "proxy", exchange: ex, key: "k", msg: amqp.Publishing{Body: payload64, DeliveryMode: amqp.Persistent,
+			Headers: amqp.Table{"x-delay": int32(3_600_000)}}},
+	}
+	for _, s := range sides {
+		u := direct
+		if s.name == "proxy" {
+			u = proxied
+		}
+		for range publishers {
+			s.pubs = append(s.pubs, newConfirmedPublisher(b, u, window))
+		}
+	}
+	b.ResetTimer()
+	for done := 0; done < b.N; done += round {
+		n := min(round, b.N-done)
+		for _, s := range sides {
+			start := time.Now()
+			var wg sync.WaitGroup
+			for i, p := range s.pubs {
+				share := n / publishers
+				if i < n%publishers {
+					share++
+				}
+				wg.Go(func() { p.publishN(b, s.exchange, s.key, share, func(int) amqp.Publishing { return s.msg }) })
+			}
+			wg.Wait()
+			s.elapsed += time.Since(start)
+		}
+		if b.Failed() {
+			b.FailNow()
+		}
+	}
+	b.StopTimer()
+	directRate := float64(b.N) / sides[0].elapsed.Seconds()
+	proxyRate := float64(b.N) / sides[1].elapsed.Seconds()
+	b.ReportMetric(directRate, "direct-msgs/s")
+	b.ReportMetric(proxyRate, "proxy-msgs/s")
+	b.ReportMetric(proxyRate/directRate, "ratio")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkRelease_Lateness10k measures how late delayed messages arrive
+// when they fall due at 10,000 a second: 30,000 messages whose due times are
+// spread evenly over 3 s (ten per millisecond) are published ahead of time
+// in shuffled order, so delays are mixed; a consumer on the work queue
+// (straight to RabbitMQ) takes each arrival time, and lateness = arrival -
+// due on the shared wall clock. It runs the same workload two ways:
+//
+//   - proxy: through delayproxy, x-delay on a delayed exchange;
+//   - ttl-dlx: RabbitMQ's own recipe, straight to RabbitMQ: a wait queue
+//     with per-message expiration, dead-lettered into the work queue.
+//
+// Each reports p50, p99 and max lateness in ms, the count of early arrivals
+// (must be 0) and the arrival rate. Target for the proxy: p99 <= 5 ms.
+func BenchmarkRelease_Lateness10k(b *testing.B) {
+	b.Run("proxy", func(b *testing.B) { benchLateness(b, true) })
+	b.Run("ttl-dlx", func(b *testing.B) { benchLateness(b, false) })
+}
+
+func benchLateness(b *testing.B, viaProxy bool) {
+	const (
+		n      = 30_000
+		perSec = 10_000
+		window = 256
+	)
+	direct := testbroker.URL(b)
+	admin := dialChannel(b, direct)
+	work := benchQueue(b, admin)
+	var pub *confirmedPublisher
+	var exchange, key string
+	if viaProxy {
+		proxied := startDelayProxy(b)
+		exchange = declareDelayedExchange(b, dialChannel(b, proxied), "direct")
+		key = "work"
+		if err := admin.QueueBind(work, key, exchange, false, nil); err != nil {
+			b.Fatal(err)
+		}
+		pub = newConfirmedPublisher(b, proxied, window)
+	} else {
+		wait, err := admin.QueueDeclare(fmt.Sprintf("dp-bench.wait.%d", time.Now().UnixNano()), true, false, false, false,
+			amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": work})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { admin.QueueDelete(wait.Name, false, false, false) })
+		key = wait.Name
+		pub = newConfirmedPublisher(b, direct, window)
+	}
+
+	// Arrivals, timestamped by a consumer straight on RabbitMQ.
+	cch := dialChannel(b, direct)
+	deliveries, err := cch.Consume(work, "", true, false, false, false, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	type arrival struct {
+		id int
+		at time.Time
+	}
+	arrivals := make(chan arrival, n)
+	go func() {
+		for d := range deliveries {
+			id, _ := strconv.Atoi(d.MessageId)
+			arrivals <- arrival{id, time.Now()}
+		}
+	}()
+
+	var late []time.Duration
+	early := 0
+	var span time.Duration // from the first due time to the last arrival, summed over runs
+	rng := rand.New(rand.NewPCG(1, 2))
+	b.ResetTimer()
+	for range b.N {
+		// Publishing runs ahead of the first due time: 2 s plus twice the
+		// due spread (so publishing at 5,000 msgs/s or more finishes first).
+		order := rng.Perm(n)
+		first := time.Now().Add(2*time.Second + 2*time.Duration(n)*time.Second/perSec)
+		due := func(k int) time.Time { return first.Add(time.Duration(k) * time.Second / perSec) }
+		start := time.Now()
+		pub.publishN(b, exchange, key, n, func(i int) amqp.Publishing {
+			k := order[i]
+			// Rounded up, so that neither way may release before due(k).
+			ms := strconv.FormatInt(int64((time.Until(due(k))+time.Millisecond-1)/time.Millisecond), 10)
+			m := amqp.Publishing{Body: payload64, MessageId: strconv.Itoa(k), DeliveryMode: amqp.Persistent}
+			if viaProxy {
+				m.Headers = amqp.Table{"x-delay": ms}
+			} else {
+				m.Expiration = ms
+			}
+			return m
+		})
+		if published := time.Now(); published.After(first) {
+			b.Fatalf("publishing %d messages took %v, past the first due time", n, published.Sub(start))
+		}
+		var last time.Time
+		timeout := time.NewTimer(time.Until(due(n-1)) + 2*time.Minute)
+		for got := 0; got < n; got++ {
+			select {
+			case a := <-arrivals:
+				d := a.at.Sub(due(a.id))
+				if d < 0 {
+					early++
+				}
+				late = append(late, d)
+				if a.at.After(last) {
+					last = a.at
+				}
+			case <-timeout.C:
+				b.Fatalf("%d of %d messages arrived", got, n)
+			}
+		}
+		timeout.Stop()
+		span += last.Sub(first)
+	}
+	b.StopTimer()
+	slices.Sort(late)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	pct := func(p float64) time.Duration { return late[int(p*float64(len(late)-1))] }
+	b.ReportMetric(ms(pct(0.50)), "p50-ms")
+	b.ReportMetric(ms(pct(0.99)), "p99-ms")
+	b.ReportMetric(ms(late[len(late)-1]), "max-ms")
+	b.ReportMetric(float64(early), "early")
+	b.ReportMetric(float64(len(late))/span.Seconds(), "arrivals/s")
+	b.ReportMetric(0, "ns/op")
+}
