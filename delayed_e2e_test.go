@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -638,7 +639,7 @@ func TestTx_StoredAtCommit(t *testing.T) {
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
 	}
-	sync := func() { // a round trip on the channel: the proxy has read what came before
+	roundTrip := func() { // the proxy has read everything sent before it
 		t.Helper()
 		if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
 			t.Fatal(err)
@@ -646,7 +647,7 @@ func TestTx_StoredAtCommit(t *testing.T) {
 	}
 
 	publish(t, ch, ex, "", delayedMsg(int32(1500), "rolled-back"))
-	sync()
+	roundTrip()
 	if n := tp.pending(t, ex); n != 0 {
 		t.Fatalf("pending before commit = %d", n)
 	}
@@ -661,7 +662,7 @@ func TestTx_StoredAtCommit(t *testing.T) {
 	publish(t, ch, ex, "", delayedMsg(int32(1000), "committed-1"))
 	publish(t, ch, ex, "", delayedMsg(int32(1100), "committed-2"))
 	publish(t, ch, ex, "", amqp.Publishing{MessageId: "not-delayed"}) // relayed, committed by RabbitMQ
-	sync()
+	roundTrip()
 	if n := tp.pending(t, ex); n != 0 {
 		t.Fatalf("pending before commit = %d", n)
 	}
@@ -857,7 +858,13 @@ func TestRelease_MixedDelaysInDueOrder(t *testing.T) {
 	got := cons.wait(t, n, 30*time.Second)
 
 	var late []time.Duration
-	var fmtID = func(a arrival) int { var i int; fmt.Sscan(a.MessageId, &i); return i }
+	fmtID := func(a arrival) int {
+		i, err := strconv.Atoi(a.MessageId)
+		if err != nil {
+			t.Fatalf("message id %q", a.MessageId)
+		}
+		return i
+	}
 	for k, a := range got {
 		m := msgs[fmtID(a)]
 		due := m.before.Add(m.delay)
