@@ -177,11 +177,18 @@ func messageIDs(as []arrival) []string {
 	return ids
 }
 
-// awaitDelivered polls c until every id the ledgers confirmed has arrived,
-// failing the test after d with the number still missing.
+// awaitDelivered polls c until every id the publishers' ledgers confirmed
+// has arrived, failing the test after d with the number still missing.
 func awaitDelivered(t testing.TB, c *consumer, pubs []*crashtest.Publisher, d time.Duration) {
 	t.Helper()
-	ls := ledgers(pubs)
+	awaitLedger(t, c, crashtest.Ledger{}, d, ledgers(pubs)...)
+}
+
+// awaitLedger polls c until every id the ledgers confirmed has arrived,
+// failing the test after d with the number still missing.
+func awaitLedger(t testing.TB, c *consumer, l crashtest.Ledger, d time.Duration, more ...crashtest.Ledger) {
+	t.Helper()
+	ls := append([]crashtest.Ledger{l}, more...)
 	deadline := time.Now().Add(d)
 	for {
 		got := map[string]int{}
@@ -193,7 +200,7 @@ func awaitDelivered(t testing.TB, c *consumer, pubs []*crashtest.Publisher, d ti
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d confirmed messages still missing %v after the publishers stopped", missing, d)
+			t.Fatalf("%d confirmed messages still missing after %v", missing, d)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

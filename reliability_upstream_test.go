@@ -1,0 +1,188 @@
+package delayproxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy/internal/crashtest"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+)
+
+// closePrompt is how soon after RabbitMQ closed its upstream connection a
+// client must learn that its connection through the proxy is closed.
+const closePrompt = 5 * time.Second
+
+// TestReliabilityUpstream_ClientConnectionClosed: RabbitMQ closes the
+// upstream connections of clients that are publishing delayed messages
+// (rabbitmqctl close_connection, found by the client's connection_name,
+// which the proxy passes on). Each client learns promptly, with RabbitMQ's
+// 320 CONNECTION_FORCED, dials again through the proxy and goes on; every
+// message it saw confirmed, before or after, is delivered.
+func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
+	t.Parallel()
+	const clients = 2
+	tp := startProxy(t, nil)
+	ex := declareDelayed(t, channel(t, tp.dial(t)), "fanout", nil)
+	q := declareQueue(t, nil)
+	bind(t, q, "", ex, nil)
+	got := consume(t, dialBroker(t), q)
+
+	prefix := "dp-rel upstream " + randomTag(t)
+	pubs, stop := runPublishers(clients, func(i int) *crashtest.Publisher {
+		return &crashtest.Publisher{
+			Name:     fmt.Sprintf("%s %d", prefix, i),
+			URL:      tp.URL,
+			Exchange: ex,
+			Delay:    delaySpread(uint64(i), 300*time.Millisecond, 1500*time.Millisecond, 2*time.Second, time.Second),
+			Rate:     100,
+		}
+	})
+	eventually(t, 30*time.Second, "every client to have messages confirmed", func() bool {
+		for _, p := range pubs {
+			if len(p.Ledger().Confirmed) < 20 {
+				return false
+			}
+		}
+		return true
+	})
+	before := confirmedSoFar(pubs)
+	closing := time.Now()
+	if n := crashtest.CloseConnections(t, prefix); n != clients {
+		t.Fatalf("closed %d upstream connections named %q..., want %d", n, prefix, clients)
+	}
+	closed := time.Now()
+	// Each client saw its connection end, with RabbitMQ's code, no later
+	// than closePrompt after the last close_connection returned.
+	for i, p := range pubs {
+		var end crashtest.End
+		eventually(t, closed.Add(closePrompt).Sub(time.Now()), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
+			for _, e := range p.Ledger().Ends {
+				if e.At.After(closing) {
+					end = e
+					return true
+				}
+			}
+			return false
+		})
+		if end.Err == nil || end.Err.Code != amqp.ConnectionForced {
+			t.Errorf("client %d: connection ended with %v, want 320 CONNECTION_FORCED from RabbitMQ", i, end.Err)
+		}
+		t.Logf("client %d: connection closed %v after close_connection began (%v for rabbitmqctl): %v",
+			i, end.At.Sub(closing).Round(time.Millisecond), closed.Sub(closing).Round(time.Millisecond), end.Err)
+	}
+	// And goes on publishing over a new connection.
+	eventually(t, 30*time.Second, "clients to publish again", func() bool {
+		for _, p := range pubs {
+			if l := p.Ledger(); l.Sessions < 2 {
+				return false
+			}
+		}
+		return confirmedSoFar(pubs) >= before+100
+	})
+	ls := stop()
+	awaitDelivered(t, got, pubs, 3*time.Second+30*time.Second)
+	eventually(t, 30*time.Second, "nothing pending", func() bool { return tp.pending(t, ex) == 0 })
+	tally := crashtest.Count(ls, messageIDs(got.stop(t)))
+	t.Logf("%v", tally)
+	// The store is not touched by the fault: no duplicates at all.
+	if err := tally.Err(0); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestReliabilityUpstream_ReleaserConnectionClosed: RabbitMQ closes the
+// releaser's connection while messages are being released. Release resumes
+// on a new connection; nothing is lost; duplicates (releases RabbitMQ
+// routed whose confirm died with the connection, published again) stay
+// within one release batch.
+//
+// The test has a vhost of its own so that it closes its proxy's releaser
+// connection ("delayproxy releaser <vhost>") and no other test's. Clients
+// publish short delays all along, so releases go on however long
+// rabbitmqctl takes.
+func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
+	t.Parallel()
+	const clients = 2
+	vh := testVHost(t)
+	brokerURL := withVHost(t, testbroker.URL(t), vh)
+	tp := startProxy(t, nil)
+	proxyURL := withVHost(t, tp.URL(), vh)
+
+	q := "dp-rel.releaser." + randomTag(t)
+	brokerSetup(t, brokerURL, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(q, true, false, false, false, nil)
+		return err
+	})
+	pch := channel(t, dialURL(t, proxyURL))
+	ex := "dp-rel.releaser.x"
+	if err := pch.ExchangeDeclare(ex, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "fanout"}); err != nil {
+		t.Fatal(err)
+	}
+	brokerSetup(t, brokerURL, func(ch *amqp.Channel) error { return ch.QueueBind(q, "", ex, false, nil) })
+	got := consume(t, dialURL(t, brokerURL), q)
+
+	prefix := "dp-rel releaser-test " + randomTag(t)
+	pubs, stop := runPublishers(clients, func(i int) *crashtest.Publisher {
+		return &crashtest.Publisher{
+			Name:     fmt.Sprintf("%s %d", prefix, i),
+			URL:      func() string { return proxyURL },
+			Exchange: ex,
+			Delay:    delaySpread(uint64(i), 200*time.Millisecond, time.Second, time.Second, time.Second),
+			Rate:     150,
+		}
+	})
+	eventually(t, 30*time.Second, "releases to begin", func() bool { return len(got.snapshot()) >= 200 })
+	releaser := "delayproxy releaser " + vh
+	if k := crashtest.CloseConnections(t, releaser); k != 1 {
+		t.Fatalf("closed %d connections named %q, want 1", k, releaser)
+	}
+	at := len(got.snapshot())
+	eventually(t, 30*time.Second, "releases to resume", func() bool { return len(got.snapshot()) >= at+200 })
+	ls := stop()
+	eventually(t, 30*time.Second, "every message to be released", func() bool { return pendingIn(t, tp, vh, ex) == 0 })
+	awaitDelivered(t, got, pubs, 30*time.Second)
+	tally := crashtest.Count(ls, messageIDs(got.stop(t)))
+	t.Logf("releaser connection closed with %d delivered: %v", at, tally)
+	if err := tally.Err(256); err != nil {
+		t.Error(err)
+	}
+	if tally.Nacked > 0 || tally.Unanswered > 0 {
+		t.Errorf("clients' publishes disturbed by the releaser's connection")
+	}
+	if r := tp.metric(t, "delayproxy_upstream_reconnects_total"); r < 1 {
+		// Releaser.releaseVHost drops a connection that died under a
+		// batch (r.drop deletes it from r.conns), so the next conn()
+		// dials without calling OnReconnect: only connections found
+		// dead while idle are counted.
+		t.Errorf("upstream_reconnects_total = %v after the releaser's connection was closed mid-release and dialled again", r)
+	}
+	// Delete the delayed exchange through the proxy, so that its registry
+	// forgets it before the vhost goes.
+	if err := pch.ExchangeDelete(ex, false, false); err != nil {
+		t.Errorf("delete %s: %v", ex, err)
+	}
+}
+
+// pendingIn is the admin API's count of pending messages of a delayed
+// exchange in vhost.
+func pendingIn(t testing.TB, tp *testProxy, vhost, exchange string) int64 {
+	t.Helper()
+	path := "/api/exchanges/" + url.PathEscape(vhost) + "/" + url.PathEscape(exchange)
+	code, body := tp.httpDo(t, http.MethodGet, path)
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, code, body)
+	}
+	var e struct {
+		Pending int64 `json:"pending"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil {
+		t.Fatalf("GET %s: %v: %s", path, err, body)
+	}
+	return e.Pending
+}
