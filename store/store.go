@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -103,8 +104,8 @@ type Store struct {
 // not a delayproxy store fails with ErrNotStore, one written by a newer
 // schema with ErrSchemaTooNew, one held by another process with ErrLocked.
 // Open reads only metadata and the registry: its cost does not depend on
-// the number of pending messages (bbolt's own freelist rebuild scans page
-// headers unless Options.SyncFreelist is set).
+// the number of pending messages, except that after a crash bbolt rebuilds
+// its freelist by walking every page (Close writes it; see the package doc).
 func Open(path string, opts Options) (*Store, error) {
 	o, err := opts.normalize()
 	if err != nil {
@@ -125,14 +126,17 @@ func Open(path string, opts Options) (*Store, error) {
 	}
 	db, err := bolt.Open(path, 0o600, boltOptions(o))
 	if err != nil {
+		var pathErr *fs.PathError
+		var errno syscall.Errno
 		switch {
 		case errors.Is(err, berrors.ErrTimeout):
 			return nil, fmt.Errorf("%w: %s (waited %v)", ErrLocked, path, o.LockTimeout)
-		case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrVersionMismatch),
-			errors.Is(err, berrors.ErrChecksum), errors.Is(err, berrors.ErrInvalidMapping):
-			return nil, fmt.Errorf("%w: %s: not a bbolt file (%v)", ErrNotStore, path, err)
+		case errors.As(err, &pathErr), errors.As(err, &errno):
+			return nil, fmt.Errorf("store: open %s: %w", path, err)
 		}
-		return nil, fmt.Errorf("store: open %s: %w", path, err)
+		// Anything else is bbolt refusing the content (bad magic, version,
+		// checksum, size).
+		return nil, fmt.Errorf("%w: %s: not a bbolt file (%v)", ErrNotStore, path, err)
 	}
 	s := &Store{
 		db:        db,

@@ -595,6 +595,8 @@ func TestOpenForeignFiles(t *testing.T) {
 	}{
 		{"random bytes", write("random.db", random), ErrNotStore},
 		{"text file", write("text.db", bytes.Repeat([]byte("hello world\n"), 1000)), ErrNotStore},
+		{"short file", write("short.db", make([]byte, 5000)), ErrNotStore},
+		{"tiny file", write("tiny.db", []byte("hi")), ErrNotStore},
 		{"empty file", write("empty.db", nil), ErrNotStore},
 		{"directory", dir, ErrNotStore},
 		{"empty bbolt file", boltFile("emptybolt.db", nil), ErrNotStore},
