@@ -91,10 +91,22 @@ func BenchmarkStorePut_MessageID(b *testing.B) {
 }
 
 // BenchmarkStorePut_ShortDelays is Put with delays over 0-60 s (all behind
-// the cascade watermark: random inserts into the next minute's slots), 256
-// writers, 1M pending further out.
+// the cascade watermark: appends to the tails of the next minute's slots),
+// 256 writers, 1M pending further out, with slots 1 s (the default), 5 s
+// and 10 s wide.
 func BenchmarkStorePut_ShortDelays(b *testing.B) {
-	benchStorePutWith(b, defaultLayout, 1_000_000, 256, store.Options{}, false, 60_000)
+	for _, layout := range []storeLayout{
+		{name: "Slot1s"},
+		{name: "Slot5s", opts: store.Options{SlotWidth: 5 * time.Second}},
+		{name: "Slot10s", opts: store.Options{SlotWidth: 10 * time.Second}},
+	} {
+		b.Run(layout.name, func(b *testing.B) {
+			if layout.name == "Slot1s" {
+				layout = defaultLayout
+			}
+			benchStorePutWith(b, layout, 1_000_000, 256, store.Options{}, false, 60_000)
+		})
+	}
 }
 
 func benchStorePut(b *testing.B, layout storeLayout, pending, writers int, opts store.Options) {
@@ -103,7 +115,7 @@ func benchStorePut(b *testing.B, layout storeLayout, pending, writers int, opts 
 
 func benchStorePutWith(b *testing.B, layout storeLayout, pending, writers int, opts store.Options, withID bool, spread int64) {
 	path := prefilledCopy(b, layout, pending)
-	opts.FarWidth = layout.opts.FarWidth
+	opts.FarWidth, opts.SlotWidth = layout.opts.FarWidth, layout.opts.SlotWidth
 	s, err := store.Open(path, opts)
 	if err != nil {
 		b.Fatal(err)
