@@ -195,10 +195,11 @@ func (h slotHeap) down(i int) {
 }
 
 // NextDue is the earliest due time of any stored message (stale ones
-// included). Usually it reads the first key of the first slot; when every
-// message lies beyond the watermark it asks the writer, which keeps the
-// earliest far due cached (a scan of one far bucket when the cache was
-// invalidated). false when nothing is stored or the store is closed.
+// included). Usually it reads the first slot (one slot width of
+// messages); when every message lies beyond the watermark it asks the
+// writer, which keeps the earliest far due cached (a scan of one far bucket
+// when the cache was invalidated). false when nothing is stored or the
+// store is closed.
 func (s *Store) NextDue() (int64, bool) {
 	var due int64
 	var ok bool
