@@ -26,9 +26,10 @@ import (
 type Proxy struct {
 	cfg Config
 	log *slog.Logger
-	// now is the clock delayed publishes are timed by; nil is time.Now.
-	// Tests freeze it to give a burst of publishes one due millisecond.
-	now func() time.Time
+	// clock is the wall clock delayed publishes are timed by and the
+	// scheduler releases by; nil is the system clock. Tests freeze it and
+	// move it forward.
+	clock scheduler.Clock
 
 	ready chan struct{} // closed once Run listens on every address
 
@@ -94,7 +95,12 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	}
 	defer rel.Close()
 
+	var now func() time.Time // nil: time.Now
+	if p.clock != nil {
+		now = p.clock.Now
+	}
 	sched := scheduler.New(st, rel, scheduler.Options{
+		Clock:  p.clock,
 		Rate:   p.cfg.ReleaseRate,
 		Logger: p.log.With("room", "scheduler"),
 		OnReleased: func(_ *store.Message, late time.Duration) {
@@ -110,7 +116,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		Store:     st,
 		Scheduler: sched,
 		MaxDelay:  p.cfg.MaxDelay,
-		Now:       p.now,
+		Now:       now,
 		Metrics:   m,
 		Logger:    p.log.With("room", "delayed"),
 	})

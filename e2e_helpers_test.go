@@ -24,6 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
 )
 
@@ -34,9 +35,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // testProxy is a whole delayproxy (listener, store, scheduler, releaser,
 // admin) in front of the test broker, on a data dir kept across restart.
 type testProxy struct {
-	t   testing.TB
-	cfg Config
-	now func() time.Time // Proxy.now; nil is time.Now
+	t     testing.TB
+	cfg   Config
+	clock scheduler.Clock // Proxy.clock; nil is the system clock
 
 	mu      sync.Mutex // guards the fields below, which restart replaces
 	cancel  context.CancelFunc
@@ -54,8 +55,8 @@ func startProxy(t testing.TB, opt func(*Config)) *testProxy {
 	return startProxyClock(t, opt, nil)
 }
 
-// startProxyClock is startProxy with the clock delayed publishes are timed by.
-func startProxyClock(t testing.TB, opt func(*Config), now func() time.Time) *testProxy {
+// startProxyClock is startProxy with the proxy's clock.
+func startProxyClock(t testing.TB, opt func(*Config), clock scheduler.Clock) *testProxy {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.ListenAddr = "127.0.0.1:0"
@@ -66,7 +67,7 @@ func startProxyClock(t testing.TB, opt func(*Config), now func() time.Time) *tes
 	if opt != nil {
 		opt(&cfg)
 	}
-	tp := &testProxy{t: t, cfg: cfg, now: now}
+	tp := &testProxy{t: t, cfg: cfg, clock: clock}
 	tp.start()
 	t.Cleanup(func() {
 		tp.mu.Lock()
@@ -78,6 +79,54 @@ func startProxyClock(t testing.TB, opt func(*Config), now func() time.Time) *tes
 		checkStore(t, cfg.StorePath())
 	})
 	return tp
+}
+
+// testClock is a proxy's clock in tests: the system clock moved by an
+// offset, or frozen at an instant. Its timers are real: the scheduler arms
+// them for durations.
+type testClock struct {
+	mu     sync.Mutex // guards offset and frozen
+	offset time.Duration
+	frozen time.Time // zero: not frozen
+}
+
+// Now implements scheduler.Clock.
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.frozen.IsZero() {
+		return c.frozen
+	}
+	return time.Now().Add(c.offset)
+}
+
+// NewTimer implements scheduler.Clock.
+func (c *testClock) NewTimer(d time.Duration) scheduler.Timer {
+	return scheduler.RealClock{}.NewTimer(d)
+}
+
+// freeze stops the clock at its current reading, which it returns.
+func (c *testClock) freeze() time.Time {
+	now := c.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.frozen = now
+	return now
+}
+
+// set makes the clock run again from t.
+func (c *testClock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.frozen = time.Time{}
+	c.offset = time.Until(t)
+}
+
+// at is the clock's reading at the system-clock instant t.
+func (c *testClock) at(t time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return t.Add(c.offset)
 }
 
 // checkStore opens a stopped proxy's store and runs its integrity check.
@@ -111,7 +160,7 @@ func (tp *testProxy) start() {
 	if err != nil {
 		t.Fatalf("delayproxy.New: %v", err)
 	}
-	p.now = tp.now
+	p.clock = tp.clock
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
