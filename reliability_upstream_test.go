@@ -61,7 +61,7 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 	// than closePrompt after the last close_connection returned.
 	for i, p := range pubs {
 		var end crashtest.End
-		eventually(t, closed.Add(closePrompt).Sub(time.Now()), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
+		eventually(t, time.Until(closed.Add(closePrompt)), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
 			for _, e := range p.Ledger().Ends {
 				if e.At.After(closing) {
 					end = e
