@@ -1,0 +1,109 @@
+//go:build brokerfaults
+
+package delayproxy
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy/internal/crashtest"
+)
+
+// TestFaultBrokerStopDuringPublish: RabbitMQ's application stops while
+// clients publish delayed messages through the proxy and earlier ones are
+// being released. Every client learns promptly that its connection is
+// closed (320 CONNECTION_FORCED); while RabbitMQ is down their dials
+// through the proxy fail at once rather than hang; when it is back they
+// connect and publish again, and every message confirmed before or after
+// is delivered, with duplicates within one release window.
+// TestFaultBrokerStopDuringRelease (fault_e2e_test.go) covers the stop
+// during a release burst.
+func TestFaultBrokerStopDuringPublish(t *testing.T) {
+	const clients = 3
+	tp := startProxy(t, nil)
+	ex := declareDelayed(t, channel(t, tp.dial(t)), "fanout", nil) // durable
+	q := declareQueue(t, nil)                                       // durable; messages are persistent
+	bind(t, q, "", ex, nil)
+
+	prefix := "dp-rel brokerstop " + randomTag(t)
+	pubs, stop := runPublishers(clients, func(i int) *crashtest.Publisher {
+		return &crashtest.Publisher{
+			Name:     fmt.Sprintf("%s %d", prefix, i),
+			URL:      tp.URL,
+			Exchange: ex,
+			Delay:    delaySpread(uint64(i), 500*time.Millisecond, 3*time.Second, 4*time.Second, 2*time.Second),
+			Rate:     100,
+		}
+	})
+	eventually(t, 30*time.Second, "every client to have messages confirmed", func() bool {
+		for _, p := range pubs {
+			if len(p.Ledger().Confirmed) < 30 {
+				return false
+			}
+		}
+		return true
+	})
+	stopping := time.Now()
+	stopBroker(t)
+	stopped := time.Now()
+	t.Logf("stop_app took %v", stopped.Sub(stopping).Round(time.Millisecond))
+	for i, p := range pubs {
+		var end crashtest.End
+		eventually(t, time.Until(stopped.Add(closePrompt)), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
+			for _, e := range p.Ledger().Ends {
+				if e.At.After(stopping) {
+					end = e
+					return true
+				}
+			}
+			return false
+		})
+		if end.Err == nil || end.Err.Code != amqp.ConnectionForced {
+			t.Errorf("client %d: connection ended with %v, want 320 CONNECTION_FORCED", i, end.Err)
+		}
+		t.Logf("client %d: closed %v after stop_app began: %v", i, end.At.Sub(stopping).Round(time.Millisecond), end.Err)
+	}
+	// Down: clients keep dialling through the proxy, and each dial fails
+	// at once (the proxy cannot reach RabbitMQ), never hangs.
+	dials := func() (n int) {
+		for _, p := range pubs {
+			n += p.Ledger().Dials
+		}
+		return n
+	}
+	confirmedDown := confirmedSoFar(pubs)
+	base := dials()
+	eventually(t, 10*time.Second, "clients to keep dialling while RabbitMQ is down", func() bool { return dials() >= base+10*clients })
+	// Stay down until messages have been due for a second and could not
+	// be released.
+	eventually(t, 30*time.Second, "messages to fall due while RabbitMQ is down", func() bool {
+		due, ok := tp.nextDue(t, ex)
+		return ok && time.Since(due) > time.Second
+	})
+	if n := confirmedSoFar(pubs); n != confirmedDown {
+		t.Errorf("%d publishes confirmed while RabbitMQ was down", n-confirmedDown)
+	}
+	startBroker(t)
+	restarted := time.Now()
+	eventually(t, time.Minute, "clients to publish again", func() bool {
+		for _, p := range pubs {
+			if p.Ledger().Sessions < 2 {
+				return false
+			}
+		}
+		return confirmedSoFar(pubs) >= confirmedDown+100
+	})
+	t.Logf("clients publishing again %v after start_app returned", time.Since(restarted).Round(time.Millisecond))
+	ls := stop()
+	got := consume(t, dialBroker(t), q)
+	awaitDelivered(t, got, pubs, time.Minute)
+	eventually(t, time.Minute, "nothing pending", func() bool { return tp.pending(t, ex) == 0 })
+	tally := crashtest.Count(ls, messageIDs(got.stop(t)))
+	t.Logf("%v; %d dials in all", tally, dials())
+	if err := tally.Err(releaseWindow); err != nil {
+		t.Error(err)
+	}
+}
