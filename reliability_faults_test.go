@@ -25,7 +25,7 @@ func TestFaultBrokerStopDuringPublish(t *testing.T) {
 	const clients = 3
 	tp := startProxy(t, nil)
 	ex := declareDelayed(t, channel(t, tp.dial(t)), "fanout", nil) // durable
-	q := declareQueue(t, nil)                                       // durable; messages are persistent
+	q := declareQueue(t, nil)                                      // durable; messages are persistent
 	bind(t, q, "", ex, nil)
 
 	prefix := "dp-rel brokerstop " + randomTag(t)
