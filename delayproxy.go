@@ -94,14 +94,19 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		return err
 	}
 	defer rel.Close()
+	rel.Warm(ctx, vhostsOf(st.Exchanges())...)
 
 	var now func() time.Time // nil: time.Now
 	if p.clock != nil {
 		now = p.clock.Now
 	}
 	sched := scheduler.New(st, rel, scheduler.Options{
-		Clock:  p.clock,
-		Rate:   p.cfg.ReleaseRate,
+		Clock: p.clock,
+		Rate:  p.cfg.ReleaseRate,
+		// The releaser pipelines: batches are published in release order
+		// while earlier ones wait for RabbitMQ's confirms, so throughput is
+		// not one batch per confirm round trip.
+		MaxInFlight: MaxReleasesInFlight,
 		Logger: p.log.With("room", "scheduler"),
 		OnReleased: func(_ *store.Message, late time.Duration) {
 			m.Released(1)
@@ -261,3 +266,20 @@ func (relayHooks) Method(*amqpproxy.Call)                                       
 func (relayHooks) InterceptsPublish(*amqpproxy.Channel, *wire.BasicPublish) bool { return false }
 func (relayHooks) Publish(p *amqpproxy.Publish)                                  { p.Relay() }
 func (relayHooks) Closed(error)                                                  {}
+
+// MaxReleasesInFlight is the most releases published and not yet confirmed by
+// RabbitMQ. It bounds the duplicates a crash can cause (at-least-once).
+const MaxReleasesInFlight = 4096
+
+// vhostsOf lists the distinct vhosts of the delayed exchanges.
+func vhostsOf(defs []store.ExchangeDef) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, d := range defs {
+		if !seen[d.VHost] {
+			seen[d.VHost] = true
+			out = append(out, d.VHost)
+		}
+	}
+	return out
+}

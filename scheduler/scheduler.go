@@ -45,6 +45,19 @@ type Releaser interface {
 	Release(ctx context.Context, batch []*store.Message) (confirmed []bool)
 }
 
+// PipelinedReleaser is a Releaser that publishes a batch and awaits its
+// confirms apart. The scheduler then keeps several batches in flight and
+// still hands them over in release order: Publish is called for one batch
+// at a time, in order, and wait is called after, concurrently with later
+// batches' Publish. Throughput is then no longer one batch per confirm
+// round trip.
+type PipelinedReleaser interface {
+	Releaser
+	// Publish publishes batch in the given order and returns a function
+	// that reports, per message, whether RabbitMQ confirmed it.
+	Publish(ctx context.Context, batch []*store.Message) (wait func() (confirmed []bool))
+}
+
 // Options configure a Scheduler. The zero value gives the defaults.
 type Options struct {
 	// Clock is the wall clock and timer source; default the system clock.
@@ -130,6 +143,7 @@ type Scheduler struct {
 	inflight    int                    // messages in Release calls
 	calls       int                    // Release calls running
 	maxCalls    int                    // most Release calls at once
+	lastTurn    chan struct{}          // closed when the latest dispatched batch has been published
 	toDelete    []store.Key            // confirmed or stale, waiting for the delete goroutine
 	deleting    bool
 	backoff     time.Duration
@@ -204,8 +218,19 @@ func New(st Store, r Releaser, opts Options) *Scheduler {
 		outstanding: make(map[store.Key]struct{}),
 		backoff:     opts.RetryBackoffMin,
 		maxInbox:    maxInbox,
-		maxCalls:    (opts.MaxInFlight + opts.BatchSize - 1) / opts.BatchSize,
+		maxCalls:    maxCalls(r, opts),
 	}
+}
+
+// maxCalls is how many release calls may run at once: enough for
+// MaxInFlight messages in full batches, or, for a PipelinedReleaser, as many
+// as there are messages in flight (batches are small when releases are
+// spread out in time, and each waits a confirm round trip).
+func maxCalls(r Releaser, opts Options) int {
+	if _, ok := r.(PipelinedReleaser); ok {
+		return opts.MaxInFlight
+	}
+	return (opts.MaxInFlight + opts.BatchSize - 1) / opts.BatchSize
 }
 
 // Added tells the scheduler that msgs were stored (call it after Put
@@ -495,8 +520,10 @@ func (s *Scheduler) dispatch(ctx context.Context, now time.Time) {
 		}
 		s.inflight += len(batch)
 		s.calls++
+		prev, turn := s.lastTurn, make(chan struct{})
+		s.lastTurn = turn
 		s.wg.Add(1)
-		go s.release(ctx, batch)
+		go s.release(ctx, batch, prev, turn)
 	}
 }
 
@@ -521,8 +548,21 @@ func (s *Scheduler) refill(now time.Time) {
 
 // release reads a batch, drops what is gone or stale, releases the rest and
 // reports to the loop. It runs in its own goroutine.
-func (s *Scheduler) release(ctx context.Context, keys []store.Key) {
+// release reads a dispatched batch and releases it. Batches are handed to
+// the Releaser in dispatch order: each waits for prev (the previous batch's
+// turn) and closes turn once a PipelinedReleaser has published it (a plain
+// Releaser's call has started), so reading overlaps but publishing keeps
+// release order.
+func (s *Scheduler) release(ctx context.Context, keys []store.Key, prev <-chan struct{}, turn chan<- struct{}) {
 	defer s.wg.Done()
+	turnDone := false
+	passTurn := func() {
+		if !turnDone {
+			turnDone = true
+			close(turn)
+		}
+	}
+	defer passTurn()
 	res := releaseResult{n: len(keys)}
 	msgs, err := s.st.Get(keys)
 	if err != nil {
@@ -542,9 +582,20 @@ func (s *Scheduler) release(ctx context.Context, keys []store.Key) {
 			live = append(live, m)
 		}
 	}
+	if prev != nil {
+		<-prev
+	}
 	if len(live) > 0 {
 		at := s.clock.Now()
-		confirmed := s.r.Release(ctx, live)
+		var confirmed []bool
+		if pr, ok := s.r.(PipelinedReleaser); ok {
+			wait := pr.Publish(ctx, live)
+			passTurn()
+			confirmed = wait()
+		} else {
+			passTurn() // calls start in order; their overlap is the Releaser's
+			confirmed = s.r.Release(ctx, live)
+		}
 		for i, m := range live {
 			if i < len(confirmed) && confirmed[i] {
 				res.del = append(res.del, m.Key)

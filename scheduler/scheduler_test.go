@@ -121,6 +121,7 @@ type harness struct {
 	backend Store // when set, the scheduler's view of st
 	clk     *ManualClock
 	rel     *recorder
+	piped   Releaser // when set, the scheduler releases through it instead of rel
 	s       *Scheduler
 	opts    Options
 
@@ -173,7 +174,11 @@ func (h *harness) start() {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h.s = New(backend, h.rel, opts)
+	var r Releaser = h.rel
+	if h.piped != nil {
+		r = h.piped
+	}
+	h.s = New(backend, r, opts)
 	h.idleCh = make(chan struct{}, 1)
 	h.s.testBegin = func() {
 		h.mu.Lock()
@@ -806,5 +811,76 @@ func TestShutdownWaitsForReleases(t *testing.T) {
 	}
 	if err := h.s.Run(context.Background()); !errors.Is(err, ErrRunning) {
 		t.Fatalf("second Run = %v, want ErrRunning", err)
+	}
+}
+
+// pipeline is a PipelinedReleaser over a recorder: Publish records the order
+// batches are published in, and each batch's wait blocks until open closes.
+type pipeline struct {
+	*recorder
+	open      chan struct{}
+	published chan []string // one value per Publish, in call order
+}
+
+func (p *pipeline) Publish(ctx context.Context, batch []*store.Message) func() []bool {
+	ids := make([]string, len(batch))
+	for i, m := range batch {
+		ids[i] = m.MessageID
+	}
+	p.published <- ids
+	return func() []bool {
+		select {
+		case <-p.open:
+		case <-ctx.Done():
+		}
+		return p.recorder.Release(ctx, batch)
+	}
+}
+
+func TestPipelinedReleaserKeepsOrderWithBatchesInFlight(t *testing.T) {
+	h := newHarness(t, Options{BatchSize: 4, MaxInFlight: 64})
+	p := &pipeline{recorder: h.rel, open: make(chan struct{}), published: make(chan []string, 100)}
+	h.piped = p
+	var want []string
+	var msgs []*store.Message
+	for i := range 40 {
+		id := fmt.Sprintf("m%02d", i)
+		msgs = append(msgs, h.put(id, int64(i/8), uint8(i%3))) // due in five groups, mixed priorities
+		want = append(want, id)
+	}
+	// Release order: due, then priority descending, then publish order.
+	slices.SortStableFunc(want, func(a, b string) int {
+		var ia, ib int
+		fmt.Sscanf(a, "m%d", &ia)
+		fmt.Sscanf(b, "m%d", &ib)
+		if c := (ia / 8) - (ib / 8); c != 0 {
+			return c
+		}
+		return (ib % 3) - (ia % 3)
+	})
+	h.start()
+	h.clk.Advance(10 * time.Millisecond) // not h.advance: that waits for confirms
+	// Every batch is published before any confirm arrives: pipelined.
+	var got []string
+	for len(got) < 40 {
+		select {
+		case ids := <-p.published:
+			got = append(got, ids...)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d of 40 published while confirms were held back", len(got))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("published in order\n%v\nwant\n%v", got, want)
+	}
+	close(p.open)
+	h.settle()
+	if n := len(h.rel.released()); n != 40 {
+		t.Fatalf("released %d of 40", n)
+	}
+	for i, ok := range h.stored(msgs...) {
+		if ok {
+			t.Fatalf("message %d still stored after its confirm", i)
+		}
 	}
 }

@@ -44,6 +44,9 @@ type Config struct {
 	// OnReconnect is called each time a vhost's connection is dialled after
 	// a failure. Optional.
 	OnReconnect func(vhost string)
+	// Name prefixes the connection_name of the release connections
+	// ("<Name> <vhost>"), as RabbitMQ lists them. Default "delayproxy releaser".
+	Name string
 	// Logger receives one line per unroutable release and per lost
 	// connection. Default slog.Default().
 	Logger *slog.Logger
@@ -54,10 +57,11 @@ type Releaser struct {
 	cfg  Config
 	base amqp.URI
 
-	mu     sync.Mutex // guards conns and closed
-	conns  map[string]*vhostConn
-	closed bool
-	wg     sync.WaitGroup // return and close watchers of every vhostConn
+	mu      sync.Mutex // guards conns, dialled and closed
+	conns   map[string]*vhostConn
+	dialled map[string]bool // vhosts connected at least once: a new dial is a reconnect
+	closed  bool
+	wg      sync.WaitGroup // return and close watchers of every vhostConn
 }
 
 // New checks the URL and returns a Releaser; it dials nothing until the first
@@ -79,7 +83,10 @@ func New(cfg Config) (*Releaser, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Releaser{cfg: cfg, base: uri, conns: map[string]*vhostConn{}}, nil
+	if cfg.Name == "" {
+		cfg.Name = "delayproxy releaser"
+	}
+	return &Releaser{cfg: cfg, base: uri, conns: map[string]*vhostConn{}, dialled: map[string]bool{}}, nil
 }
 
 // vhostConn is the release connection and channel of one vhost.
@@ -98,6 +105,14 @@ type vhostConn struct {
 // Release publishes batch in order and reports which messages RabbitMQ
 // confirmed. It implements scheduler.Releaser.
 func (r *Releaser) Release(ctx context.Context, batch []*store.Message) []bool {
+	return r.Publish(ctx, batch)()
+}
+
+// Publish publishes batch in order and returns a function that waits for
+// RabbitMQ's confirms and reports which messages it confirmed. It implements
+// scheduler.PipelinedReleaser: batches published one after another go out
+// in that order, while their confirms are awaited concurrently.
+func (r *Releaser) Publish(ctx context.Context, batch []*store.Message) (wait func() []bool) {
 	confirmed := make([]bool, len(batch))
 	// Group by vhost, keeping order within each; usually there is one.
 	var order []string
@@ -108,17 +123,25 @@ func (r *Releaser) Release(ctx context.Context, batch []*store.Message) []bool {
 		}
 		groups[m.VHost] = append(groups[m.VHost], i)
 	}
+	waits := make([]func(), 0, len(order))
 	for _, vhost := range order {
-		r.releaseVHost(ctx, vhost, batch, groups[vhost], confirmed)
+		waits = append(waits, r.publishVHost(ctx, vhost, batch, groups[vhost], confirmed))
 	}
-	return confirmed
+	return func() []bool {
+		for _, w := range waits {
+			w()
+		}
+		return confirmed
+	}
 }
 
-func (r *Releaser) releaseVHost(ctx context.Context, vhost string, batch []*store.Message, idx []int, confirmed []bool) {
+// publishVHost publishes the messages batch[idx] of one vhost and returns a
+// function that waits for their confirms and records them in confirmed.
+func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*store.Message, idx []int, confirmed []bool) (wait func()) {
 	vc, err := r.conn(ctx, vhost)
 	if err != nil {
 		r.cfg.Logger.Warn("release connection failed", "vhost", vhost, "err", err)
-		return
+		return func() {}
 	}
 	dcs := make([]*amqp.DeferredConfirmation, len(idx))
 	vc.pub.Lock()
@@ -142,22 +165,27 @@ func (r *Releaser) releaseVHost(ctx context.Context, vhost string, batch []*stor
 	}
 	vc.pub.Unlock()
 
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout)
-	defer cancel()
-	for n, dc := range dcs {
-		if dc == nil {
-			continue
+	return func() {
+		// Confirms of what was published are awaited even when ctx ends: a
+		// message RabbitMQ took must leave the store, or a restart would
+		// release it again.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout)
+		defer cancel()
+		for n, dc := range dcs {
+			if dc == nil {
+				continue
+			}
+			ok, err := dc.WaitContext(wctx)
+			confirmed[idx[n]] = ok && err == nil
 		}
-		ok, err := dc.WaitContext(wctx)
-		confirmed[idx[n]] = ok && err == nil
-	}
-	select {
-	case <-vc.dead:
-		r.drop(vc)
-		if vc.closeErr != nil && vc.closeErr.Code == amqp.NotFound {
-			r.redeclare(ctx, vhost, batch, idx)
+		select {
+		case <-vc.dead:
+			r.drop(vc)
+			if vc.closeErr != nil && vc.closeErr.Code == amqp.NotFound {
+				r.redeclare(ctx, vhost, batch, idx)
+			}
+		default:
 		}
-	default:
 	}
 }
 
@@ -175,15 +203,16 @@ func (r *Releaser) conn(ctx context.Context, vhost string) (*vhostConn, error) {
 			return vc, nil
 		}
 		r.closeLocked(vc)
-		if r.cfg.OnReconnect != nil {
-			r.cfg.OnReconnect(vhost)
-		}
 	}
 	vc, err := r.dial(ctx, vhost)
 	if err != nil {
 		return nil, err
 	}
 	r.conns[vhost] = vc
+	if r.dialled[vhost] && r.cfg.OnReconnect != nil {
+		r.cfg.OnReconnect(vhost)
+	}
+	r.dialled[vhost] = true
 	return vc, nil
 }
 
@@ -194,7 +223,7 @@ func (r *Releaser) dial(ctx context.Context, vhost string) (*vhostConn, error) {
 		Heartbeat:       r.cfg.Heartbeat,
 		TLSClientConfig: r.cfg.TLS,
 		Locale:          "en_US",
-		Properties:      amqp.Table{"connection_name": "delayproxy releaser " + vhost, "product": "delayproxy"},
+		Properties:      amqp.Table{"connection_name": r.cfg.Name + " " + vhost, "product": "delayproxy"},
 		Dial:            amqp.DefaultDial(r.cfg.DialTimeout),
 	}
 	type result struct {
@@ -317,6 +346,19 @@ func (r *Releaser) declare(ctx context.Context, def store.ExchangeDef) error {
 	}
 	defer ch.Close()
 	return ch.ExchangeDeclare(def.Name, def.DelayedType, def.Durable, def.AutoDelete, def.Internal, false, args)
+}
+
+// Warm dials the connections of vhosts in the background, so that the
+// first release after start-up does not wait for a dial. Failures are left
+// for the first release to retry.
+func (r *Releaser) Warm(ctx context.Context, vhosts ...string) {
+	for _, v := range vhosts {
+		r.wg.Go(func() {
+			if _, err := r.conn(ctx, v); err != nil {
+				r.cfg.Logger.Warn("release connection failed", "vhost", v, "err", err)
+			}
+		})
+	}
 }
 
 // Ping dials (or reuses) the connection of vhost: the readiness check.

@@ -193,3 +193,57 @@ func TestReleaseUnreachableReportsUnconfirmed(t *testing.T) {
 		t.Fatal("confirmed without a broker")
 	}
 }
+
+func TestReleaseReconnectsAfterBrokerClosesConnection(t *testing.T) {
+	f := newFixture(t, "direct")
+	name := fmt.Sprintf("releaser-test-%d", time.Now().UnixNano())
+	var reconnects atomic.Int64
+	r := newReleaser(t, Config{Name: name, OnReconnect: func(string) { reconnects.Add(1) }})
+	r.Warm(context.Background(), "/")
+	deadline := time.Now().Add(10 * time.Second)
+	for testbroker.CloseConnections(t, name) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("warm-up never dialled the vhost")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	m := message(t, f.exchange, "k", 10, wire.Properties{}, "after-close")
+	var ok bool
+	for attempt := 0; attempt < 3 && !ok; attempt++ {
+		ok = r.Release(context.Background(), []*store.Message{m})[0]
+	}
+	if !ok {
+		t.Fatal("release not confirmed after the broker closed the connection")
+	}
+	if d := f.get(t); string(d.Body) != "after-close" {
+		t.Fatalf("got %q", d.Body)
+	}
+	if n := reconnects.Load(); n != 1 {
+		t.Fatalf("reconnects = %d, want 1", n)
+	}
+}
+
+func TestPublishPipelinesBatchesInOrder(t *testing.T) {
+	f := newFixture(t, "direct")
+	r := newReleaser(t, Config{})
+	var waits []func() []bool
+	for b := range 5 {
+		var batch []*store.Message
+		for i := range 10 {
+			batch = append(batch, message(t, f.exchange, "k", 10, wire.Properties{}, fmt.Sprint(b*10+i)))
+		}
+		waits = append(waits, r.Publish(context.Background(), batch)) // no wait in between
+	}
+	for b, w := range waits {
+		for i, ok := range w() {
+			if !ok {
+				t.Fatalf("batch %d message %d not confirmed", b, i)
+			}
+		}
+	}
+	for i := range 50 {
+		if d := f.get(t); string(d.Body) != fmt.Sprint(i) {
+			t.Fatalf("got %q, want %d", d.Body, i)
+		}
+	}
+}

@@ -1,9 +1,8 @@
 package testbroker
 
 import (
-	"encoding/json"
-	"fmt"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -17,36 +16,34 @@ type Connection struct {
 	ConnectionName string // the client's connection_name property, if any
 }
 
-// Connections lists the broker's client connections with rabbitmqctl.
+// Connections lists the broker's client connections with rabbitmqctl. The
+// tabular output is used because its pids are the form close_connection
+// takes (the JSON formatter prints #PID<...>, which it refuses).
 func Connections(t testing.TB) []Connection {
 	t.Helper()
-	out, err := exec.Command("rabbitmqctl", "-q", "list_connections",
-		"pid", "name", "user", "vhost", "client_properties", "--formatter", "json").Output()
+	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers",
+		"pid", "name", "user", "vhost", "client_properties").Output()
 	if err != nil {
 		t.Fatalf("testbroker: rabbitmqctl list_connections: %v", err)
 	}
-	var rows []struct {
-		PID   string  `json:"pid"`
-		Name  string  `json:"name"`
-		User  string  `json:"user"`
-		VHost string  `json:"vhost"`
-		Props [][]any `json:"client_properties"`
-	}
-	if err := json.Unmarshal(out, &rows); err != nil {
-		t.Fatalf("testbroker: rabbitmqctl list_connections output: %v\n%s", err, out)
-	}
-	conns := make([]Connection, 0, len(rows))
-	for _, r := range rows {
-		c := Connection{PID: r.PID, Name: r.Name, User: r.User, VHost: r.VHost}
-		for _, p := range r.Props {
-			if len(p) == 3 && p[0] == "connection_name" {
-				c.ConnectionName = fmt.Sprint(p[2])
-			}
+	var conns []Connection
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.SplitN(line, "\t", 5)
+		if len(f) < 5 {
+			continue
+		}
+		c := Connection{PID: f[0], Name: f[1], User: f[2], VHost: f[3]}
+		if m := connectionName.FindStringSubmatch(f[4]); m != nil {
+			c.ConnectionName = m[1]
 		}
 		conns = append(conns, c)
 	}
 	return conns
 }
+
+// connectionName finds connection_name in client_properties as rabbitmqctl
+// prints them: [{"connection_name","name"},...].
+var connectionName = regexp.MustCompile(`\{"connection_name","((?:[^"\\]|\\.)*)"\}`)
 
 // CloseConnections closes, from the broker's side, every connection whose
 // connection_name starts with prefix, and returns how many it closed. Tests
