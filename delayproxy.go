@@ -107,7 +107,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		// while earlier ones wait for RabbitMQ's confirms, so throughput is
 		// not one batch per confirm round trip.
 		MaxInFlight: MaxReleasesInFlight,
-		Logger: p.log.With("room", "scheduler"),
+		Logger:      p.log.With("room", "scheduler"),
 		OnReleased: func(_ *store.Message, late time.Duration) {
 			m.Released(1)
 			m.ReleaseLateness(late)
