@@ -31,6 +31,7 @@ type LoadResult struct {
 	Nacked    int      // delayed publishes refused
 	Plain     int      // plain publishes sent
 	Acked     int      // deliveries of Queue acked
+	Silent    int      // connections that got no delayed publish confirmed
 	Errs      []error  // the first few client errors
 }
 
@@ -116,6 +117,9 @@ func (cs *Clients) Run(l Load, d time.Duration) LoadResult {
 			}
 			mu.Lock()
 			res.Confirmed = append(res.Confirmed, r.Confirmed...)
+			if len(r.Confirmed) == 0 {
+				res.Silent++
+			}
 			res.Nacked += r.Nacked
 			res.Plain += r.Plain
 			res.Acked += r.Acked
