@@ -22,11 +22,11 @@ import (
 
 // releaseWindow bounds the duplicates one fault may cause: the scheduler
 // keeps at most 5×MaxInFlight keys out for release or awaiting their delete
-// (scheduler package doc; MaxInFlight defaults to BatchSize, 256). Each of
-// them may have been enqueued by RabbitMQ and still be in the store when
-// the proxy dies, or be published again when its confirm was lost with the
-// connection.
-const releaseWindow = 5 * 256
+// (scheduler package doc), and the proxy sets MaxInFlight to
+// MaxReleasesInFlight. Each of them may have been enqueued by RabbitMQ and
+// still be in the store when the proxy dies, or be published again when
+// its confirm was lost with the connection.
+const releaseWindow = 5 * MaxReleasesInFlight
 
 // randomTag is 8 hex digits, to tell this run's connections, vhosts and
 // message-ids from any other's.

@@ -100,7 +100,7 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 // releaser's connection while messages are being released. Release resumes
 // on a new connection; nothing is lost; duplicates (releases RabbitMQ
 // routed whose confirm died with the connection, published again) stay
-// within one release batch.
+// within the releases in flight (MaxReleasesInFlight).
 //
 // The test has a vhost of its own so that it closes its proxy's releaser
 // connection ("delayproxy releaser <vhost>") and no other test's. Clients
@@ -149,7 +149,7 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 	awaitDelivered(t, got, pubs, 30*time.Second)
 	tally := crashtest.Count(ls, messageIDs(got.stop(t)))
 	t.Logf("releaser connection closed with %d delivered: %v", at, tally)
-	if err := tally.Err(256); err != nil {
+	if err := tally.Err(MaxReleasesInFlight); err != nil {
 		t.Error(err)
 	}
 	if tally.Nacked > 0 || tally.Unanswered > 0 {
