@@ -146,6 +146,8 @@ type Scheduler struct {
 	lastTurn    chan struct{}          // closed when the latest dispatched batch has been published
 	toDelete    []store.Key            // confirmed or stale, waiting for the delete goroutine
 	deleting    bool
+	deleteAfter time.Time     // no delete before this (after a failed one)
+	delBackoff  time.Duration // wait after the next failed delete
 	backoff     time.Duration
 	holdUntil   time.Time // no release before this (retry backoff)
 	loadAfter   time.Time // no load before this (after a store error)
@@ -655,6 +657,9 @@ func (s *Scheduler) startDelete(ctx context.Context) {
 	if s.deleting || len(s.toDelete) == 0 {
 		return
 	}
+	if !s.stopping && s.clock.Now().Before(s.deleteAfter) {
+		return
+	}
 	keys := s.toDelete
 	s.toDelete = nil
 	s.deleting = true
@@ -670,11 +675,24 @@ func (s *Scheduler) startDelete(ctx context.Context) {
 
 func (s *Scheduler) finishDelete(res deleteResult) {
 	s.deleting = false
+	if res.err != nil && !s.stopping && !errors.Is(res.err, store.ErrClosed) {
+		// Released but still stored (a full disk, say): keep them out of
+		// the wheel and try again later, or they would stay pending and be
+		// released again after a restart. Dispatch pauses meanwhile once
+		// toDelete is long (canDispatch).
+		s.delBackoff = min(max(2*s.delBackoff, s.opts.RetryBackoffMin), s.opts.RetryBackoffMax)
+		s.deleteAfter = s.clock.Now().Add(s.delBackoff)
+		s.toDelete = append(s.toDelete, res.keys...)
+		s.log.Error("scheduler: deleting released messages failed, retrying", "messages", len(res.keys), "backoff", s.delBackoff, "err", res.err)
+		return
+	}
+	s.delBackoff = 0
 	for _, k := range res.keys {
 		delete(s.outstanding, k)
 	}
 	if res.err != nil {
-		// They stay on disk and are released again after a restart.
+		// Stopping, or the store is closed: they stay on disk and are
+		// released again after a restart (at-least-once).
 		s.log.Error("scheduler: deleting released messages failed", "messages", len(res.keys), "err", res.err)
 		if errors.Is(res.err, store.ErrClosed) && s.fatal == nil {
 			s.fatal = fmt.Errorf("scheduler: delete: %w", res.err)
@@ -697,6 +715,9 @@ func (s *Scheduler) nextWake(now time.Time, loadMore bool) time.Duration {
 	}
 	if _, _, _, wake, _ := s.loadRange(now); !wake.IsZero() {
 		earlier(wake)
+	}
+	if len(s.toDelete) > 0 && !s.deleting {
+		earlier(s.deleteAfter)
 	}
 	if next, ok := s.w.Next(); ok && s.canDispatch() {
 		t := time.UnixMilli(next)
