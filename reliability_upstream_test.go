@@ -53,7 +53,7 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 	})
 	before := confirmedSoFar(pubs)
 	closing := time.Now()
-	if n := crashtest.CloseConnections(t, prefix); n != clients {
+	if n := testbroker.CloseConnections(t, prefix); n != clients {
 		t.Fatalf("closed %d upstream connections named %q..., want %d", n, prefix, clients)
 	}
 	closed := time.Now()
@@ -139,7 +139,7 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 	})
 	eventually(t, 30*time.Second, "releases to begin", func() bool { return len(got.snapshot()) >= 200 })
 	releaser := "delayproxy releaser " + vh
-	if k := crashtest.CloseConnections(t, releaser); k != 1 {
+	if k := testbroker.CloseConnections(t, releaser); k != 1 {
 		t.Fatalf("closed %d connections named %q, want 1", k, releaser)
 	}
 	at := len(got.snapshot())
