@@ -1,3 +1,38 @@
 // Package delayed makes exchanges of type x-delayed-message work through the
-// proxy, as RabbitMQ's delayed-message-exchange plugin did.
+// proxy, as RabbitMQ's delayed-message-exchange plugin did, on a RabbitMQ
+// that has no such plugin. Its Interceptor plugs into amqpproxy's seams.
+//
+// What it takes part in, per client connection:
+//
+//	exchange.declare type=x-delayed-message  -> checked as the plugin did
+//	    (406 texts), declared upstream with the x-delayed-type as its type
+//	    and the arguments unchanged, recorded in the store's registry after
+//	    RabbitMQ's declare-ok; the client gets declare-ok after the record
+//	    is durable (nothing for no-wait).
+//	exchange.delete of a delayed exchange   -> relayed; after delete-ok its
+//	    pending messages are discarded (counted) and the record removed.
+//	basic.publish to a delayed exchange      -> x-delay parsed (ParseDelay);
+//	    none, zero or negative: relayed at once, header as it was; otherwise
+//	    stored and confirmed with the client's own tag after fsync.
+//	tx.commit / tx.rollback                  -> a transaction's delayed
+//	    publishes are stored before tx.commit goes upstream, withdrawn if
+//	    RabbitMQ does not commit, dropped at tx.rollback.
+//
+// Invariants:
+//
+//   - A delayed publish is acknowledged only after store.Put returned (the
+//     commit holding it is fsync'd); a failed Put is a basic.nack in
+//     confirm mode and a 506 channel error otherwise. Nothing is dropped
+//     silently.
+//   - One storer goroutine per connection stores its publishes in the order
+//     the client sent them, batching what queued up during the previous
+//     commit, so equal due times keep publish order. Its queue is bounded;
+//     reading from the client stops while it is full.
+//   - Due times are the publish time rounded up to the millisecond plus
+//     x-delay, so no release is ever early as seen from the client.
+//   - A publish to an exchange this connection is still declaring waits for
+//     the declare's outcome, so a no-wait declare followed at once by a
+//     publish is still delayed.
+//   - Every goroutine it starts is tracked; Wait returns when all taken
+//     publishes are answered and registry updates are done.
 package delayed
