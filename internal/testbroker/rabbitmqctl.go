@@ -2,49 +2,10 @@ package testbroker
 
 import (
 	"os/exec"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 )
-
-// Connection is one client connection as rabbitmqctl lists it.
-type Connection struct {
-	PID            string
-	Name           string // peer -> broker addresses
-	User           string
-	VHost          string
-	ConnectionName string // the client's connection_name property, if any
-}
-
-// Connections lists the broker's client connections with rabbitmqctl. The
-// tabular output is used because its pids are the form close_connection
-// takes (the JSON formatter prints #PID<...>, which it refuses).
-func Connections(t testing.TB) []Connection {
-	t.Helper()
-	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "--no-table-headers",
-		"pid", "name", "user", "vhost", "client_properties").Output()
-	if err != nil {
-		t.Fatalf("testbroker: rabbitmqctl list_connections: %v", err)
-	}
-	var conns []Connection
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		f := strings.SplitN(line, "\t", 5)
-		if len(f) < 5 {
-			continue
-		}
-		c := Connection{PID: f[0], Name: f[1], User: f[2], VHost: f[3]}
-		if m := connectionName.FindStringSubmatch(f[4]); m != nil {
-			c.ConnectionName = m[1]
-		}
-		conns = append(conns, c)
-	}
-	return conns
-}
-
-// connectionName finds connection_name in client_properties as rabbitmqctl
-// prints them: [{"connection_name","name"},...].
-var connectionName = regexp.MustCompile(`\{"connection_name","((?:[^"\\]|\\.)*)"\}`)
 
 // CloseConnections closes, from the broker's side (320 CONNECTION_FORCED
 // "closed by test"), every connection whose connection_name starts with
