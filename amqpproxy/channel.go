@@ -81,6 +81,14 @@ func (ch *Channel) CloseChannel(code uint16, text string) bool {
 	return ch.closeByProxy(&wire.Error{Code: code, Text: text})
 }
 
+// confirmsOwed reports whether ch is open in confirm mode with client tags
+// not yet confirmed to the client.
+func (ch *Channel) confirmsOwed() bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.state.Load() == chOpen && ch.confirms != nil && ch.confirms.done.len() > 0
+}
+
 // contentIn tracks a content (header and body frames) arriving on a channel.
 type contentIn struct {
 	phase     uint8  // inNone, inHeader, inBody
@@ -136,6 +144,7 @@ func (ch *Channel) closeByProxy(e *wire.Error) bool {
 	waiting := ch.takeWaitingLocked()
 	ch.mu.Unlock()
 	ch.failReplies(waiting, e)
+	ch.s.poke()
 	ch.s.log.Info("closing channel", "channel", ch.id, "code", e.Code, "reason", e.Text)
 	ch.s.uw.q.pushNow(outItem{kind: itemLifecycle, ch: ch,
 		buf: methodFrame(nil, ch.id, &wire.ChannelClose{ReplyCode: wire.ReplySuccess, ReplyText: "delayproxy: " + e.Text, ClassID: e.ClassID, MethodID: e.MethodID})})

@@ -6,7 +6,7 @@
 //	srv, err := amqpproxy.New(amqpproxy.Config{Upstream: "amqp://rabbitmq:5672", Interceptor: nil})
 //	go srv.ListenAndServe(":5673")
 //	...
-//	srv.Shutdown(ctx) // 320 CONNECTION_FORCED to every client, then wait
+//	srv.Shutdown(ctx) // confirms owed, then 320 CONNECTION_FORCED to every client; wait
 //
 // # Invariants
 //
@@ -30,6 +30,11 @@
 //     channel) gets the code and wording RabbitMQ 3.10 uses. Handshake
 //     errors close the socket without a word, as RabbitMQ does; a refused
 //     login or vhost is RabbitMQ's own answer, relayed.
+//   - Graceful shutdown loses no confirm: Server.Shutdown stops taking
+//     methods from each client, waits until every publish handed to the
+//     hooks is answered and every confirm owed on an open channel is
+//     written, and only then sends connection.close 320 (a client that
+//     republishes unconfirmed messages would duplicate the others).
 //   - Memory is bounded per connection: each writer queue holds at most
 //     Config.WriteQueueBytes of relayed frames (plus one frame); a reader that
 //     finds its peer's queue full stops reading its socket, so a slow reader

@@ -206,6 +206,7 @@ func (p *Publish) Relay() {
 	}
 	p.relayed = true
 	p.Channel.s.relayPublish(p)
+	p.Channel.s.publishAnswered()
 }
 
 // Ack confirms the publish to the client (basic.ack with its tag) when the
@@ -223,11 +224,15 @@ func (p *Publish) CloseChannel(code uint16, text string) {
 		return
 	}
 	p.Channel.closeByProxy(&wire.Error{Code: code, Text: text, ClassID: 60, MethodID: 40})
+	p.Channel.s.publishAnswered()
 }
 
 func (p *Publish) finish(nack bool) {
-	if !p.done.CompareAndSwap(false, true) || p.Tag == 0 {
+	if !p.done.CompareAndSwap(false, true) {
 		return
 	}
-	p.Channel.s.cw.q.pushNow(outItem{kind: itemLocalConfirm, ch: p.Channel, tag: p.Tag, nack: nack})
+	if p.Tag != 0 {
+		p.Channel.s.cw.q.pushNow(outItem{kind: itemLocalConfirm, ch: p.Channel, tag: p.Tag, nack: nack})
+	}
+	p.Channel.s.publishAnswered()
 }

@@ -180,7 +180,7 @@ func (srv *Server) isClosed() bool {
 func (srv *Server) start(c net.Conn) {
 	setNoDelay(c)
 	id := srv.nextID.Add(1)
-	s := &session{srv: srv, clientConn: c, done: make(chan struct{}),
+	s := &session{srv: srv, clientConn: c, done: make(chan struct{}), drainSig: make(chan struct{}, 1),
 		log: srv.log.With("conn", id, "client", c.RemoteAddr().String())}
 	if srv.tls != nil {
 		s.clientConn = tls.Server(c, srv.tls)
@@ -227,17 +227,25 @@ func (srv *Server) handle(s *session) {
 	}
 }
 
-// Shutdown stops accepting, asks every client to close (connection.close
-// 320 CONNECTION_FORCED, as RabbitMQ does when it stops) and waits for the
-// connections to end. When ctx ends first it closes the rest at once (see
-// Close) and returns ctx's error.
+// Shutdown stops accepting and closes every client connection as RabbitMQ
+// does when it stops, connection.close 320 CONNECTION_FORCED, but only
+// once the client has been sent every confirm it is owed: each connection
+// stops taking methods from its client, waits until the publishes its
+// hooks took are answered and RabbitMQ's confirms are relayed, then sends
+// the close. It waits for the connections to end. The confirms are waited
+// for until ctx's deadline less the close timeout (at most half of the
+// time left), so the close still goes out; when ctx ends first Shutdown
+// closes the rest at once (see Close) and returns ctx's error.
 func (srv *Server) Shutdown(ctx context.Context) error {
 	sessions := srv.stopAccepting()
+	dctx, cancel := drainContext(ctx, srv.cfg.CloseTimeout)
+	defer cancel()
+	var drains sync.WaitGroup
 	for _, s := range sessions {
-		s.shutdown()
+		drains.Go(func() { s.shutdown(dctx) })
 	}
 	done := make(chan struct{})
-	go func() { srv.wg.Wait(); close(done) }()
+	go func() { drains.Wait(); srv.wg.Wait(); close(done) }()
 	select {
 	case <-done:
 		srv.cancel()
@@ -247,6 +255,17 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 		<-done
 		return ctx.Err()
 	}
+}
+
+// drainContext is ctx ending closeTimeout (at most half the time left)
+// before ctx's deadline.
+func drainContext(ctx context.Context, closeTimeout time.Duration) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	left := time.Until(d)
+	return context.WithDeadline(ctx, d.Add(-min(closeTimeout, left/2)))
 }
 
 // Close stops accepting, closes every connection at once and waits for all

@@ -1,6 +1,7 @@
 package amqpproxy
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -67,6 +68,15 @@ type session struct {
 	wg       sync.WaitGroup // the writers and the upstream reader
 
 	cArena, uArena arena // frame copies made by each reader
+
+	// Graceful shutdown (see shutdown): once draining is set, the client
+	// reader takes no new method from the client; busy is set while it
+	// handles a frame; hookPending counts publishes handed to the hooks and
+	// not yet answered; drainSig (capacity 1) wakes shutdown to look again.
+	draining    atomic.Bool
+	busy        atomic.Bool
+	hookPending atomic.Int64
+	drainSig    chan struct{}
 }
 
 // Errors that end sessions, logged and passed to ConnHooks.Closed.
@@ -165,10 +175,14 @@ func (s *session) abort() {
 	}
 }
 
-// shutdown closes the connection as RabbitMQ does when it stops: 320
-// CONNECTION_FORCED to the client. A connection still in its handshake is
-// closed at once.
-func (s *session) shutdown() {
+// shutdown closes the connection as RabbitMQ does when it stops (320
+// CONNECTION_FORCED) without losing a confirm the client is owed: it stops
+// taking methods from the client (frames that complete a content already
+// begun still go through), waits until every publish handed to the hooks is
+// answered and every confirm owed on an open channel is written, then sends
+// connection.close. ctx bounds the wait; the close goes out when it ends
+// either way. A connection still in its handshake is closed at once.
+func (s *session) shutdown(ctx context.Context) {
 	s.mu.Lock()
 	relaying := s.relaying
 	s.mu.Unlock()
@@ -176,7 +190,55 @@ func (s *session) shutdown() {
 		s.abort()
 		return
 	}
-	s.closeConn(&wire.Error{Code: wire.ConnectionForced, Text: "delayproxy is shutting down"})
+	s.draining.Store(true)
+wait:
+	for !s.drained() {
+		select {
+		case <-s.drainSig:
+		case <-ctx.Done():
+			s.log.Warn("shutting down with confirms or publishes still pending", "err", ctx.Err())
+			break wait
+		case <-s.done:
+			return
+		}
+	}
+	if s.state.Load() == connRunning {
+		s.closeConn(&wire.Error{Code: wire.ConnectionForced, Text: "delayproxy is shutting down"})
+	}
+}
+
+// drained reports whether the client reader is between frames and nothing
+// the client is owed is pending: no publish with the hooks, no confirm on
+// an open channel. Once draining is set and drained reports true, it stays
+// true: the client reader starts nothing new.
+func (s *session) drained() bool {
+	if s.busy.Load() || s.hookPending.Load() > 0 {
+		return false
+	}
+	idle := true
+	s.chans.each(func(ch *Channel) {
+		if idle && ch.confirmsOwed() {
+			idle = false
+		}
+	})
+	return idle
+}
+
+// poke wakes a shutdown waiting for the session to drain. A nil session
+// (a writer's unit test) does nothing.
+func (s *session) poke() {
+	if s != nil && s.draining.Load() {
+		select {
+		case s.drainSig <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// publishAnswered records that a publish handed to the hooks was answered.
+func (s *session) publishAnswered() {
+	s.hookPending.Add(-1)
+	s.poke()
 }
 
 func (s *session) stopped() bool {
@@ -196,7 +258,12 @@ func (s *session) clientLoop() {
 			s.clientReadFailed(err)
 			return
 		}
-		if !s.fromClient(f) {
+		// busy and draining: see drained.
+		s.busy.Store(true)
+		ok := s.fromClient(f)
+		s.busy.Store(false)
+		s.poke()
+		if !ok {
 			return
 		}
 	}
@@ -391,6 +458,12 @@ func (s *session) fromClient(f wire.Frame) bool {
 	if s.state.Load() == connProxyClosing {
 		return s.clientWhileClosing(f)
 	}
+	if f.Channel != 0 && s.draining.Load() {
+		// Shutting down: only the rest of a content already begun.
+		if ch := s.chans.get(f.Channel); ch == nil || ch.in.phase == inNone || f.Type == wire.FrameMethod {
+			return true
+		}
+	}
 	if f.Type == wire.FrameMethod && len(f.Payload) >= 4 {
 		if id, _ := wire.PeekMethodID(f.Payload); !id.Known() {
 			// RabbitMQ 3.10 hangs up without connection.close; so do we.
@@ -491,6 +564,7 @@ func (s *session) freeChannel(ch *Channel) {
 	if s.chans.remove(ch.id, ch) {
 		s.open.Add(-1)
 	}
+	s.poke()
 }
 
 // clientMethod handles a client method frame on an open channel number.
@@ -704,6 +778,7 @@ func (s *session) contentDone(ch *Channel) {
 	}
 	ch.mu.Unlock()
 	p.inHook = true
+	s.hookPending.Add(1)
 	s.hooks.Publish(p)
 	p.inHook = false
 }
@@ -837,6 +912,7 @@ func (s *session) fromUpstream(f wire.Frame) bool {
 		}
 		waiting := ch.takeWaitingLocked()
 		ch.mu.Unlock()
+		s.poke() // its confirms are no longer owed
 		if len(waiting) > 0 {
 			var e error = errChannelClosed
 			var cm wire.ChannelClose

@@ -351,6 +351,7 @@ func (w *writer) confirm(it *outItem) error {
 		}
 	})
 	ch.mu.Unlock()
+	ch.s.poke()
 	return err
 }
 
