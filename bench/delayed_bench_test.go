@@ -205,11 +205,23 @@ func BenchmarkDelayedPublish_ProxyVsDirect(b *testing.B) {
 // Each reports p50, p99 and max lateness in ms, the count of early arrivals
 // (must be 0) and the arrival rate. Target for the proxy: p99 <= 5 ms.
 func BenchmarkRelease_Lateness10k(b *testing.B) {
-	b.Run("proxy", func(b *testing.B) { benchLateness(b, true) })
-	b.Run("ttl-dlx", func(b *testing.B) { benchLateness(b, false) })
+	b.Run("proxy", func(b *testing.B) { benchLateness(b, latenessProxy) })
+	b.Run("ttl-dlx", func(b *testing.B) { benchLateness(b, latenessTTL) })
+	b.Run("paced-direct", func(b *testing.B) { benchLateness(b, latenessPaced) })
 }
 
-func benchLateness(b *testing.B, viaProxy bool) {
+// Ways of delivering a message at its due time, for BenchmarkRelease_Lateness10k.
+const (
+	latenessProxy = iota // delayproxy holds it
+	latenessTTL          // a wait queue with per-message TTL, dead-lettered
+	// latenessPaced publishes each message straight to the work queue at
+	// its due time: no delay mechanism at all. It is the floor of this
+	// machine and broker (timer wake-ups, publish, routing, delivery).
+	latenessPaced
+)
+
+func benchLateness(b *testing.B, mode int) {
+	viaProxy := mode == latenessProxy
 	const (
 		n      = 30_000
 		perSec = 10_000
@@ -228,7 +240,7 @@ func benchLateness(b *testing.B, viaProxy bool) {
 			b.Fatal(err)
 		}
 		pub = newConfirmedPublisher(b, proxied, window)
-	} else {
+	} else if mode == latenessTTL {
 		wait, err := admin.QueueDeclare(fmt.Sprintf("dp-bench.wait.%d", time.Now().UnixNano()), true, false, false, false,
 			amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": work})
 		if err != nil {
@@ -237,6 +249,11 @@ func benchLateness(b *testing.B, viaProxy bool) {
 		b.Cleanup(func() { admin.QueueDelete(wait.Name, false, false, false) })
 		key = wait.Name
 		pub = newConfirmedPublisher(b, direct, window)
+	}
+
+	var paced *amqp.Channel // latenessPaced: no confirms, nothing to wait for
+	if mode == latenessPaced {
+		paced = dialChannel(b, direct)
 	}
 
 	// Arrivals, timestamped by a consumer straight on RabbitMQ.
@@ -269,20 +286,24 @@ func benchLateness(b *testing.B, viaProxy bool) {
 		first := time.Now().Add(2*time.Second + 2*time.Duration(n)*time.Second/perSec)
 		due := func(k int) time.Time { return first.Add(time.Duration(k) * time.Second / perSec) }
 		start := time.Now()
-		pub.publishN(b, exchange, key, n, func(i int) amqp.Publishing {
-			k := order[i]
-			// Rounded up, so that neither way may release before due(k).
-			ms := strconv.FormatInt(int64((time.Until(due(k))+time.Millisecond-1)/time.Millisecond), 10)
-			m := amqp.Publishing{Body: payload64, MessageId: strconv.Itoa(k), DeliveryMode: amqp.Persistent}
-			if viaProxy {
-				m.Headers = amqp.Table{"x-delay": ms}
-			} else {
-				m.Expiration = ms
+		if mode == latenessPaced {
+			go publishPaced(b, paced, work, n, due)
+		} else {
+			pub.publishN(b, exchange, key, n, func(i int) amqp.Publishing {
+				k := order[i]
+				// Rounded up, so that neither way may release before due(k).
+				ms := strconv.FormatInt(int64((time.Until(due(k))+time.Millisecond-1)/time.Millisecond), 10)
+				m := amqp.Publishing{Body: payload64, MessageId: strconv.Itoa(k), DeliveryMode: amqp.Persistent}
+				if viaProxy {
+					m.Headers = amqp.Table{"x-delay": ms}
+				} else {
+					m.Expiration = ms
+				}
+				return m
+			})
+			if published := time.Now(); published.After(first) {
+				b.Fatalf("publishing %d messages took %v, past the first due time", n, published.Sub(start))
 			}
-			return m
-		})
-		if published := time.Now(); published.After(first) {
-			b.Fatalf("publishing %d messages took %v, past the first due time", n, published.Sub(start))
 		}
 		var last time.Time
 		timeout := time.NewTimer(time.Until(due(n-1)) + 2*time.Minute)
@@ -314,4 +335,20 @@ func benchLateness(b *testing.B, viaProxy bool) {
 	b.ReportMetric(float64(early), "early")
 	b.ReportMetric(float64(len(late))/span.Seconds(), "arrivals/s")
 	b.ReportMetric(0, "ns/op")
+}
+
+// publishPaced publishes message k straight to queue at due(k), in due
+// order, on a channel without confirms: each wake-up publishes everything
+// due by then, as a release would.
+func publishPaced(b *testing.B, ch *amqp.Channel, queue string, n int, due func(k int) time.Time) {
+	for k := 0; k < n; k++ {
+		if d := time.Until(due(k)); d > 0 {
+			time.Sleep(d)
+		}
+		m := amqp.Publishing{Body: payload64, MessageId: strconv.Itoa(k), DeliveryMode: amqp.Persistent}
+		if err := ch.PublishWithContext(context.Background(), "", queue, false, false, m); err != nil {
+			b.Error(err)
+			return
+		}
+	}
 }
