@@ -116,6 +116,10 @@
 //     with the transaction; hooks on tx.commit (Relay with onReply: store,
 //     then r.Pass() or r.CloseChannel(506, ...)) and tx.rollback (drop)
 //     gate them. The test TestInterceptTxGating shows the pattern.
+//   - Authorization: Conn.CheckPublish asks RabbitMQ, on the client's own
+//     upstream connection (the reserved channel, frames never relayed),
+//     whether the user may publish to an exchange and routing key: a
+//     publish with an empty body in a transaction rolled back (authz.go).
 //   - Conn carries the vhost, user, client properties and tuning;
 //     ConnHooks.Closed is called once after every other hook returned.
 package amqpproxy

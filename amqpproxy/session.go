@@ -77,6 +77,8 @@ type session struct {
 	busy        atomic.Bool
 	hookPending atomic.Int64
 	drainSig    chan struct{}
+
+	probe probeSlot // publish permission probes on the reserved channel
 }
 
 // Errors that end sessions, logged and passed to ConnHooks.Closed.
@@ -863,6 +865,10 @@ func (s *session) fromUpstream(f wire.Frame) bool {
 	}
 	if f.Channel == 0 {
 		return s.upstreamConnFrame(f)
+	}
+	if f.Channel == s.reserved {
+		s.reservedFrame(f) // the proxy's own: never relayed
+		return true
 	}
 	ch := s.chans.get(f.Channel)
 	if ch == nil {

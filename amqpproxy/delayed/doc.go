@@ -13,7 +13,8 @@
 //	    pending messages are discarded (counted) and the record removed.
 //	basic.publish to a delayed exchange      -> x-delay parsed (ParseDelay);
 //	    none, zero or negative: relayed at once, header as it was; otherwise
-//	    stored and confirmed with the client's own tag after fsync.
+//	    stored and confirmed with the client's own tag after fsync, once
+//	    RabbitMQ said the user may publish there (Conn.CheckPublish).
 //	tx.commit / tx.rollback                  -> a transaction's delayed
 //	    publishes are stored before tx.commit goes upstream, withdrawn if
 //	    RabbitMQ does not commit, dropped at tx.rollback.
@@ -24,6 +25,12 @@
 //     commit holding it is fsync'd); a failed Put is a basic.nack in
 //     confirm mode and a 506 channel error otherwise. Nothing is dropped
 //     silently.
+//   - The proxy releases with its own account, so it is no way around
+//     RabbitMQ's permissions: before a delayed publish is stored (or kept
+//     with a transaction), RabbitMQ judges the publishing user's write
+//     permission on the exchange, and topic permission on the routing key
+//     for topic exchanges (Conn.CheckPublish). A refusal closes the channel
+//     with RabbitMQ's own 403 and text; nothing is stored.
 //   - One storer goroutine per connection stores its publishes in the order
 //     the client sent them, batching what queued up during the previous
 //     commit, so equal due times keep publish order. Its queue is bounded;

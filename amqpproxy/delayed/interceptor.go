@@ -312,6 +312,12 @@ func (h *conn) Publish(p *amqpproxy.Publish) {
 			"user_id property set to '%s' but authenticated user was '%s'", props.UserID, h.c.User))
 		return
 	}
+	// The proxy releases with its own account: RabbitMQ judges the
+	// client's right to publish here, before anything is stored.
+	if err := h.checkPublish(p.Publish.Exchange, p.Publish.RoutingKey); err != nil {
+		closePublish(p, err)
+		return
+	}
 	msg := &store.Message{
 		VHost:      h.c.VHost,
 		Exchange:   p.Publish.Exchange,
@@ -333,6 +339,16 @@ func (h *conn) Publish(p *amqpproxy.Publish) {
 	case h.queue <- &job{msg: msg, pub: p}:
 	case <-h.c.Done():
 	}
+}
+
+// checkPublish asks RabbitMQ (Conn.CheckPublish) whether the client's user
+// may publish to the delayed exchange: write permission, and topic
+// permission on the routing key when the exchange routes by topic.
+func (h *conn) checkPublish(exchange, routingKey string) error {
+	if d, ok := h.i.cfg.Store.Exchange(h.c.VHost, exchange); !ok || d.DelayedType != "topic" {
+		routingKey = "" // only topic exchanges check the key
+	}
+	return h.c.CheckPublish(h.i.ctx, exchange, routingKey)
 }
 
 // storer stores the connection's delayed publishes in the order they came,
