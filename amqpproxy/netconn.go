@@ -20,9 +20,26 @@ type readTimer struct {
 	net.Conn
 	idle     atomic.Int64 // nanoseconds; 0: none
 	deadline atomic.Int64 // unix nanoseconds; 0: none
+	cur      atomic.Int64 // unix nanoseconds: the deadline of the Read in progress; 0: none
 }
 
 func (r *readTimer) Read(p []byte) (int, error) {
+	d := r.next()
+	if err := r.set(d); err != nil {
+		return 0, err
+	}
+	// setDeadlineBefore may have moved the deadline between next and set,
+	// and then set its own before this Read's: look again.
+	if again := r.next(); !again.IsZero() && (d.IsZero() || again.Before(d)) {
+		if err := r.set(again); err != nil {
+			return 0, err
+		}
+	}
+	return r.Conn.Read(p)
+}
+
+// next is the deadline a Read starting now gets.
+func (r *readTimer) next() time.Time {
 	var d time.Time
 	if idle := r.idle.Load(); idle > 0 {
 		d = time.Now().Add(time.Duration(idle))
@@ -30,13 +47,20 @@ func (r *readTimer) Read(p []byte) (int, error) {
 	if abs := r.deadline.Load(); abs > 0 && (d.IsZero() || abs < d.UnixNano()) {
 		d = time.Unix(0, abs)
 	}
-	if err := r.Conn.SetReadDeadline(d); err != nil {
-		return 0, err
-	}
-	return r.Conn.Read(p)
+	return d
 }
 
-// setDeadline sets (or, with the zero time, clears) the absolute deadline.
+func (r *readTimer) set(d time.Time) error {
+	if d.IsZero() {
+		r.cur.Store(0)
+	} else {
+		r.cur.Store(d.UnixNano())
+	}
+	return r.Conn.SetReadDeadline(d)
+}
+
+// setDeadline sets (or, with the zero time, clears) the absolute deadline
+// of the Reads to come.
 func (r *readTimer) setDeadline(t time.Time) {
 	if t.IsZero() {
 		r.deadline.Store(0)
@@ -46,7 +70,7 @@ func (r *readTimer) setDeadline(t time.Time) {
 }
 
 // setDeadlineBefore moves the absolute deadline to t unless it is already
-// earlier.
+// earlier; a Read in progress with a later deadline ends at t too.
 func (r *readTimer) setDeadlineBefore(t time.Time) {
 	for {
 		old := r.deadline.Load()
@@ -54,8 +78,12 @@ func (r *readTimer) setDeadlineBefore(t time.Time) {
 			return
 		}
 		if r.deadline.CompareAndSwap(old, t.UnixNano()) {
-			return
+			break
 		}
+	}
+	if cur := r.cur.Load(); cur == 0 || t.UnixNano() < cur {
+		r.cur.Store(t.UnixNano())
+		_ = r.Conn.SetReadDeadline(t)
 	}
 }
 

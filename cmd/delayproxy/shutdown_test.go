@@ -524,7 +524,7 @@ func TestShutdown_UnansweredCloseStillExits(t *testing.T) {
 
 // closeTimeoutFixed says whether amqpproxy's close timeout ends a read
 // already in progress; see TestShutdown_SilentClientHeldOnlyForCloseTimeout.
-const closeTimeoutFixed = false
+const closeTimeoutFixed = true
 
 // TestShutdown_SilentClientHeldOnlyForCloseTimeout: a client that goes
 // silent (no close-ok, no heartbeat) holds the shutdown for amqpproxy's
