@@ -226,6 +226,15 @@ func (s *session) handshake(ctx context.Context) bool {
 	default:
 		return s.upstreamHandshakeFailed(cw, fmt.Errorf("unexpected %v from upstream", id))
 	}
+	// From here a shutdown closes the connection with 320 rather than
+	// hanging up (see session.shutdown).
+	s.mu.Lock()
+	aborted := s.aborted
+	s.openSent = true
+	s.mu.Unlock()
+	if aborted {
+		return false
+	}
 	if err := writeFrame(cw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload})); err != nil {
 		return false
 	}

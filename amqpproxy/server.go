@@ -71,6 +71,10 @@ type Server struct {
 
 	wg     sync.WaitGroup // every connection handler
 	nextID atomic.Uint64
+
+	// beforeRelay, when set (tests), runs between a connection's handshake
+	// and its relay.
+	beforeRelay func(*session)
 }
 
 // ErrServerClosed is returned by Serve and ListenAndServe after Close or
@@ -180,7 +184,7 @@ func (srv *Server) isClosed() bool {
 func (srv *Server) start(c net.Conn) {
 	setNoDelay(c)
 	id := srv.nextID.Add(1)
-	s := &session{srv: srv, clientConn: c, done: make(chan struct{}), drainSig: make(chan struct{}, 1),
+	s := &session{srv: srv, clientConn: c, done: make(chan struct{}), drainSig: make(chan struct{}, 1), handshook: make(chan struct{}),
 		log: srv.log.With("conn", id, "client", c.RemoteAddr().String())}
 	if srv.tls != nil {
 		s.clientConn = tls.Server(c, srv.tls)
@@ -218,8 +222,13 @@ func (srv *Server) handle(s *session) {
 			up.Close()
 		}
 	}()
-	if !s.handshake(srv.ctx) {
+	ok := s.handshake(srv.ctx)
+	close(s.handshook)
+	if !ok {
 		return
+	}
+	if srv.beforeRelay != nil {
+		srv.beforeRelay(s)
 	}
 	s.run()
 	if err := s.endReason(); err != nil && !errors.Is(err, errClientClosed) && !errors.Is(err, errUpstreamClosed) {

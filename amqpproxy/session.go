@@ -61,7 +61,11 @@ type session struct {
 	upstreamOK bool       // connProxyClosing: the upstream hop is done
 	reason     error      // why the session ended, first one wins
 	aborted    bool       // Server.Close: conns are closed, dial nothing more
-	relaying   bool       // the handshake is done and the writers exist
+	openSent   bool       // the handshake is sending (or sent) connection.open-ok
+
+	// handshook is closed when the handshake returned; after it, cw and uw
+	// are set if the handshake succeeded.
+	handshook chan struct{}
 
 	done     chan struct{} // closed by stop
 	stopOnce sync.Once
@@ -93,7 +97,6 @@ var (
 func (s *session) run() {
 	s.mu.Lock()
 	aborted := s.aborted
-	s.relaying = true
 	s.mu.Unlock()
 	if aborted {
 		return
@@ -183,14 +186,25 @@ func (s *session) abort() {
 // begun still go through), waits until every publish handed to the hooks is
 // answered and every confirm owed on an open channel is written, then sends
 // connection.close. ctx bounds the wait; the close goes out when it ends
-// either way. A connection still in its handshake is closed at once.
+// either way. A connection still in its handshake is closed at once, as
+// RabbitMQ does; one whose connection.open-ok is on its way gets the close
+// after it (queued now, written once the writers run).
 func (s *session) shutdown(ctx context.Context) {
 	s.mu.Lock()
-	relaying := s.relaying
+	openSent := s.openSent
 	s.mu.Unlock()
-	if !relaying {
+	if !openSent {
 		s.abort()
 		return
+	}
+	select {
+	case <-s.handshook:
+	case <-ctx.Done():
+		s.abort()
+		return
+	}
+	if s.cw == nil {
+		return // the handshake failed after all: its handler hangs up
 	}
 	s.draining.Store(true)
 wait:
