@@ -18,11 +18,12 @@ func CloseConnections(t testing.TB, prefix string) int {
 	expr := `Prefix = <<"` + q + `"/utf8>>,
 Name = fun(P) ->
     try rabbit_networking:connection_info(P, [client_properties]) of
-        [{client_properties, Props}] ->
+        [{client_properties, Props}] when is_list(Props) ->
             case lists:keyfind(<<"connection_name">>, 1, Props) of
                 {_, longstr, N} -> N;
                 _ -> <<>>
-            end
+            end;
+        _ -> <<>> % still in its handshake: client_properties is none
     catch _:_ -> <<>>
     end
 end,
