@@ -133,6 +133,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		HandshakeTimeout: p.cfg.HandshakeTimeout,
 		MaxMessageSize:   int(p.cfg.MaxMessageSize),
 		Logger:           p.log.With("room", "amqpproxy"),
+		Metrics:          relayMetrics{m},
 	})
 	if err != nil {
 		return err
@@ -266,6 +267,17 @@ func (relayHooks) Method(*amqpproxy.Call)                                       
 func (relayHooks) InterceptsPublish(*amqpproxy.Channel, *wire.BasicPublish) bool { return false }
 func (relayHooks) Publish(p *amqpproxy.Publish)                                  { p.Relay() }
 func (relayHooks) Closed(error)                                                  {}
+
+// relayMetrics feeds the relay's counts to the metrics.
+type relayMetrics struct{ *metrics.Metrics }
+
+func (r relayMetrics) Relayed(toUpstream bool, frames, bytes int) {
+	d := metrics.UpstreamToClient
+	if toUpstream {
+		d = metrics.ClientToUpstream
+	}
+	r.Metrics.Relayed(d, frames, bytes)
+}
 
 // MaxReleasesInFlight is the most releases published and not yet confirmed by
 // RabbitMQ. It bounds the duplicates a crash can cause (at-least-once).

@@ -99,7 +99,7 @@ func TestService_MetricsMoveWithDelayedTraffic(t *testing.T) {
 
 // connMetricsWired says whether amqpproxy feeds the connection, channel and
 // relayed-frame series; see TestService_ConnectionMetrics.
-const connMetricsWired = false
+const connMetricsWired = true
 
 // TestService_ConnectionMetrics: the relay's own series move: the client
 // connection and channel gauges follow a client, the opened and closed
@@ -124,11 +124,13 @@ func TestService_ConnectionMetrics(t *testing.T) {
 	}
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("relayed")})
 	var s1 metricsSnapshot
-	eventually(t, 10*time.Second, "connection and channel gauges at 1", func() bool {
+	eventually(t, 10*time.Second, "connection and channel gauges at 1, the publish relayed", func() bool {
 		s1 = scrape(t, tp)
 		c, _ := s1.lookup("delayproxy_client_connections")
 		n, _ := s1.lookup("delayproxy_channels")
-		return c == 1 && n == 1
+		// The publish is asynchronous: wait until its frames went upstream.
+		f, _ := s1.lookup("delayproxy_relayed_frames_total", "direction", "client_to_upstream")
+		return c == 1 && n == 1 && f >= 4
 	})
 	s1.want(t, "delayproxy_connections_opened_total", 1)
 	s1.want(t, "delayproxy_connections_closed_total", 0)

@@ -262,9 +262,9 @@ func (s *session) handshake(ctx context.Context) bool {
 		beat = hb / 2
 	}
 	limit := cfg.WriteQueueBytes
-	s.cw = &writer{conn: s.clientConn, w: cw, q: newOutQueue(limit), toClient: true, beat: beat,
+	s.cw = &writer{conn: s.clientConn, w: cw, q: newOutQueue(limit), toClient: true, beat: beat, metrics: cfg.Metrics,
 		fail: func(err error) { s.stop(fmt.Errorf("writing to client: %w", err)) }}
-	s.uw = &writer{conn: up, w: uw, q: newOutQueue(limit), beat: beat,
+	s.uw = &writer{conn: up, w: uw, q: newOutQueue(limit), beat: beat, metrics: cfg.Metrics,
 		fail: func(err error) { s.upstreamReadFailed(fmt.Errorf("writing upstream: %w", err)) }}
 	s.log.Debug("connection open", "channel_max", tuneOk.ChannelMax, "frame_max", tuneOk.FrameMax, "heartbeat", tuneOk.Heartbeat)
 	return true

@@ -50,7 +50,32 @@ type Config struct {
 
 	// Logger receives the proxy's logs (default slog.Default()).
 	Logger *slog.Logger
+	// Metrics receives the relay's counts (default: none).
+	Metrics Metrics
 }
+
+// Metrics receives the relay's counts. The calls are cheap and few:
+// connections and channels as they open and close, relayed traffic once
+// per writer flush.
+type Metrics interface {
+	// ConnOpened: a client connection completed its handshake.
+	ConnOpened()
+	// ConnClosed: a connection counted by ConnOpened ended.
+	ConnClosed()
+	// ChannelsOpened adds delta (negative when channels close) to the
+	// number of open client channels.
+	ChannelsOpened(delta int)
+	// Relayed counts frames and bytes relayed from the client to RabbitMQ
+	// (toUpstream) or back.
+	Relayed(toUpstream bool, frames, bytes int)
+}
+
+type noMetrics struct{}
+
+func (noMetrics) ConnOpened()            {}
+func (noMetrics) ConnClosed()            {}
+func (noMetrics) ChannelsOpened(int)     {}
+func (noMetrics) Relayed(bool, int, int) {}
 
 // Server accepts AMQP 0-9-1 clients and relays each one to its own
 // connection to RabbitMQ.
@@ -100,6 +125,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = noMetrics{}
 	}
 	up, err := parseUpstream(cfg.Upstream, cfg.UpstreamTLS)
 	if err != nil {

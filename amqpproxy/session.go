@@ -101,6 +101,12 @@ func (s *session) run() {
 	if aborted {
 		return
 	}
+	m := s.srv.cfg.Metrics
+	m.ConnOpened()
+	defer func() {
+		m.ChannelsOpened(-int(s.open.Load())) // channels that were open when it ended
+		m.ConnClosed()
+	}()
 	if ic := s.srv.cfg.Interceptor; ic != nil {
 		if h := ic.Open(s.info); h != nil {
 			s.hooks = h
@@ -563,6 +569,7 @@ func (s *session) openChannel(f wire.Frame) bool {
 	ch := &Channel{id: id, s: s}
 	s.chans.set(id, ch)
 	s.open.Add(1)
+	s.srv.cfg.Metrics.ChannelsOpened(1)
 	return s.relayUp(f, ch)
 }
 
@@ -579,6 +586,7 @@ func (s *session) freeChannel(ch *Channel) {
 	ch.failReplies(waiting, nil)
 	if s.chans.remove(ch.id, ch) {
 		s.open.Add(-1)
+		s.srv.cfg.Metrics.ChannelsOpened(-1)
 	}
 	s.poke()
 }

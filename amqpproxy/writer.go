@@ -158,6 +158,9 @@ type writer struct {
 	toClient bool          // client-bound: translates confirms, closes channels
 	beat     time.Duration // send a heartbeat after this long without writing; 0: never
 	fail     func(error)   // called once on a write error
+	metrics  Metrics       // nil: none; relayed frames are counted per flush
+
+	frames, bytes int // relayed since the last flush
 
 	wrote bool     // something was written since the last heartbeat tick
 	tags  []uint64 // scratch for confirm translation
@@ -215,6 +218,10 @@ func (w *writer) run() {
 				w.failed(err)
 				return
 			}
+			if w.frames > 0 && w.metrics != nil {
+				w.metrics.Relayed(!w.toClient, w.frames, w.bytes)
+				w.frames, w.bytes = 0, 0
+			}
 			if closed {
 				return
 			}
@@ -240,7 +247,15 @@ func (w *writer) state(ch *Channel) *outState {
 // channel is mid-content on this hop.
 func (w *writer) write(it *outItem) error {
 	if it.ch == nil {
+		if it.kind == itemRelay {
+			w.frames++
+			w.bytes += len(it.buf)
+		}
 		return w.frame(it.buf)
+	}
+	if it.kind == itemRelay {
+		w.frames++
+		w.bytes += len(it.buf)
 	}
 	st := w.state(it.ch)
 	if it.kind == itemRelay {
