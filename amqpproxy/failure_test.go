@@ -228,41 +228,6 @@ func TestShutdownDeadline(t *testing.T) {
 	c.expectHangup()
 }
 
-// TestConnectionBlocked sets RabbitMQ's memory alarm: connection.blocked
-// and unblocked reach the client. Not parallel, and the alarm is always
-// cleared: it blocks every publisher on the broker.
-func TestConnectionBlocked(t *testing.T) {
-	p := startProxy(t, Config{})
-	q := declareQueue(t, nil)
-	conn := p.dial(t, amqp.Config{})
-	ch := channel(t, conn)
-	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	t.Cleanup(func() { rabbitmqctl(t, "set_vm_memory_high_watermark", "0.4") })
-	rabbitmqctl(t, "set_vm_memory_high_watermark", "0.0000001")
-	// RabbitMQ blocks a connection (and says so) when it next publishes.
-	publish(t, ch, "", q, amqp.Publishing{Body: []byte("held back")})
-	select {
-	case b := <-blocked:
-		if !b.Active || !strings.Contains(b.Reason, "memory") {
-			t.Fatalf("blocked %+v", b)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("no connection.blocked")
-	}
-	rabbitmqctl(t, "set_vm_memory_high_watermark", "0.4")
-	select {
-	case b := <-blocked:
-		if b.Active {
-			t.Fatalf("unblocked %+v", b)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("no connection.unblocked")
-	}
-	if d := get(t, ch, q); string(d.Body) != "held back" {
-		t.Fatalf("got %q", d.Body)
-	}
-}
-
 // TestBackPressure: a client that stops reading makes the proxy stop
 // reading RabbitMQ; the proxy's queue stays within its bound, and nothing
 // is lost once the client reads again.
