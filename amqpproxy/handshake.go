@@ -239,6 +239,9 @@ func (s *session) handshake(ctx context.Context) bool {
 		return false
 	}
 
+	cw.Release() // everything is flushed: an idle connection holds no write buffer
+	uw.Release()
+
 	// Both hops are open with the same tuning.
 	frameMax := tuneOk.FrameMax
 	if frameMax == 0 {
@@ -262,9 +265,9 @@ func (s *session) handshake(ctx context.Context) bool {
 		beat = hb / 2
 	}
 	limit := cfg.WriteQueueBytes
-	s.cw = &writer{conn: s.clientConn, w: cw, q: newOutQueue(limit), toClient: true, beat: beat, metrics: cfg.Metrics,
+	s.cw = &writer{conn: s.clientConn, w: cw, q: newOutQueue(limit), toClient: true, beat: beat, metrics: cfg.Metrics, arena: &s.uArena,
 		fail: func(err error) { s.stop(fmt.Errorf("writing to client: %w", err)) }}
-	s.uw = &writer{conn: up, w: uw, q: newOutQueue(limit), beat: beat, metrics: cfg.Metrics,
+	s.uw = &writer{conn: up, w: uw, q: newOutQueue(limit), beat: beat, metrics: cfg.Metrics, arena: &s.cArena,
 		fail: func(err error) { s.upstreamReadFailed(fmt.Errorf("writing upstream: %w", err)) }}
 	s.log.Debug("connection open", "channel_max", tuneOk.ChannelMax, "frame_max", tuneOk.FrameMax, "heartbeat", tuneOk.Heartbeat)
 	return true

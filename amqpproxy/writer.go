@@ -159,6 +159,7 @@ type writer struct {
 	beat     time.Duration // send a heartbeat after this long without writing; 0: never
 	fail     func(error)   // called once on a write error
 	metrics  Metrics       // nil: none; relayed frames are counted per flush
+	arena    *arena        // the other hop's reader's arena, trimmed when idle; nil: none
 
 	frames, bytes int // relayed since the last flush
 
@@ -188,6 +189,11 @@ func (w *writer) run() {
 		case <-w.q.ready:
 		case <-tick:
 			if !w.wrote {
+				// Idle for a while: the frames carved from the arena
+				// are written; let its chunk go.
+				if w.arena != nil {
+					w.arena.trim()
+				}
 				if _, err := w.w.Write(heartbeatFrame); err != nil {
 					w.failed(err)
 					return
@@ -196,6 +202,7 @@ func (w *writer) run() {
 					w.failed(err)
 					return
 				}
+				w.w.Release()
 			}
 			w.wrote = false
 			continue
@@ -218,6 +225,7 @@ func (w *writer) run() {
 				w.failed(err)
 				return
 			}
+			w.w.Release() // an idle connection holds no write buffer
 			if w.frames > 0 && w.metrics != nil {
 				w.metrics.Relayed(!w.toClient, w.frames, w.bytes)
 				w.frames, w.bytes = 0, 0

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 )
 
 // Frame types and limits of AMQP 0-9-1 (spec 4.2.3).
@@ -54,8 +55,17 @@ type Reader struct {
 // NewReader returns a Reader that refuses frames larger than maxFrame bytes
 // (header and frame-end included).
 func NewReader(r io.Reader, maxFrame uint32) *Reader {
-	return &Reader{r: bufio.NewReaderSize(r, 64<<10), maxFrame: maxFrame}
+	return &Reader{r: bufio.NewReaderSize(r, ReadBufferSize), maxFrame: maxFrame}
 }
+
+// ReadBufferSize and WriteBufferSize are the buffer sizes of a Reader and
+// a Writer: enough to batch small frames into one system call; larger
+// payloads are read and written without a copy through the buffer. Every
+// connection holds its read buffers all the time, so they stay small.
+const (
+	ReadBufferSize  = 16 << 10
+	WriteBufferSize = 16 << 10
+)
 
 // SetMaxFrame changes the limit, for example once tune-ok has been read.
 func (r *Reader) SetMaxFrame(n uint32) { r.maxFrame = n }
@@ -165,13 +175,26 @@ func AppendFrame(dst []byte, f Frame) []byte {
 }
 
 // Writer buffers frames for one connection. It is not safe for concurrent
-// use: one writer goroutine owns it.
+// use: one writer goroutine owns it. Its buffer comes from a pool shared by
+// all Writers when something is written and goes back at Release, so an
+// idle connection holds none.
 type Writer struct {
-	w *bufio.Writer
+	dst io.Writer
+	w   *bufio.Writer // nil: released
 }
 
+var writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, WriteBufferSize) }}
+
 // NewWriter returns a Writer over w.
-func NewWriter(w io.Writer) *Writer { return &Writer{w: bufio.NewWriterSize(w, 64<<10)} }
+func NewWriter(w io.Writer) *Writer { return &Writer{dst: w} }
+
+func (w *Writer) buf() *bufio.Writer {
+	if w.w == nil {
+		w.w = writerPool.Get().(*bufio.Writer)
+		w.w.Reset(w.dst)
+	}
+	return w.w
+}
 
 // WriteFrame buffers one frame.
 func (w *Writer) WriteFrame(f Frame) error {
@@ -179,20 +202,41 @@ func (w *Writer) WriteFrame(f Frame) error {
 	hdr[0] = f.Type
 	binary.BigEndian.PutUint16(hdr[1:3], f.Channel)
 	binary.BigEndian.PutUint32(hdr[3:7], uint32(len(f.Payload)))
-	if _, err := w.w.Write(hdr[:]); err != nil {
+	b := w.buf()
+	if _, err := b.Write(hdr[:]); err != nil {
 		return err
 	}
-	if _, err := w.w.Write(f.Payload); err != nil {
+	if _, err := b.Write(f.Payload); err != nil {
 		return err
 	}
-	return w.w.WriteByte(FrameEnd)
+	return b.WriteByte(FrameEnd)
 }
 
 // Write writes raw bytes (the protocol header).
-func (w *Writer) Write(p []byte) (int, error) { return w.w.Write(p) }
+func (w *Writer) Write(p []byte) (int, error) { return w.buf().Write(p) }
 
 // Buffered is the number of bytes waiting for Flush.
-func (w *Writer) Buffered() int { return w.w.Buffered() }
+func (w *Writer) Buffered() int {
+	if w.w == nil {
+		return 0
+	}
+	return w.w.Buffered()
+}
+
+// Release gives the buffer back to the pool if nothing waits in it (after
+// a successful Flush); the next write takes one again.
+func (w *Writer) Release() {
+	if w.w != nil && w.w.Buffered() == 0 {
+		w.w.Reset(nil)
+		writerPool.Put(w.w)
+		w.w = nil
+	}
+}
 
 // Flush sends what is buffered.
-func (w *Writer) Flush() error { return w.w.Flush() }
+func (w *Writer) Flush() error {
+	if w.w == nil {
+		return nil
+	}
+	return w.w.Flush()
+}
