@@ -22,8 +22,9 @@ type Interceptor interface {
 //
 // Methods, Method, InterceptsPublish and Publish run in the connection's
 // client reader goroutine, in the order the client sent the frames. They
-// may block only to apply back-pressure (reading from that client stops
-// meanwhile), and must then give up when Conn.Done is closed. Reply hooks
+// may block only to apply back-pressure or for a Conn.CheckPublish round
+// trip (reading from that client stops meanwhile), and must then give up
+// when Conn.Done is closed. Reply hooks
 // (see Call.Relay) run in the upstream reader goroutine and must not block.
 type ConnHooks interface {
 	// Methods lists the client methods passed to Method. Channel-0 methods,
