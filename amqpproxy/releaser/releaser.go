@@ -57,11 +57,17 @@ type Releaser struct {
 	cfg  Config
 	base amqp.URI
 
-	mu      sync.Mutex // guards conns, dialled and closed
+	mu      sync.Mutex // guards conns, dialled, failed, dials and closed
 	conns   map[string]*vhostConn
 	dialled map[string]bool // vhosts connected at least once: a new dial is a reconnect
-	closed  bool
-	wg      sync.WaitGroup // return and close watchers of every vhostConn
+	// failed is when a vhost's publish last failed before anything was
+	// confirmed (no connection, a publish error). Batches handed over just
+	// after it are refused rather than published, so that they cannot
+	// overtake the failed one, which the scheduler retries first.
+	failed map[string]time.Time
+	dials  int // dial attempts, for tests
+	closed bool
+	wg     sync.WaitGroup // return and close watchers of every vhostConn
 }
 
 // New checks the URL and returns a Releaser; it dials nothing until the first
@@ -86,7 +92,7 @@ func New(cfg Config) (*Releaser, error) {
 	if cfg.Name == "" {
 		cfg.Name = "delayproxy releaser"
 	}
-	return &Releaser{cfg: cfg, base: uri, conns: map[string]*vhostConn{}, dialled: map[string]bool{}}, nil
+	return &Releaser{cfg: cfg, base: uri, conns: map[string]*vhostConn{}, dialled: map[string]bool{}, failed: map[string]time.Time{}}, nil
 }
 
 // vhostConn is the release connection and channel of one vhost.
@@ -138,9 +144,16 @@ func (r *Releaser) Publish(ctx context.Context, batch []*store.Message) (wait fu
 // publishVHost publishes the messages batch[idx] of one vhost and returns a
 // function that waits for their confirms and records them in confirmed.
 func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*store.Message, idx []int, confirmed []bool) (wait func()) {
+	r.mu.Lock()
+	failedAt := r.failed[vhost]
+	r.mu.Unlock()
+	if time.Since(failedAt) < failFast {
+		return func() {} // an earlier batch failed just now: it goes first
+	}
 	vc, err := r.conn(ctx, vhost)
 	if err != nil {
 		r.cfg.Logger.Warn("release connection failed", "vhost", vhost, "err", err)
+		r.markFailed(vhost)
 		return func() {}
 	}
 	dcs := make([]*amqp.DeferredConfirmation, len(idx))
@@ -159,6 +172,7 @@ func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*stor
 		}
 		dc, err := vc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.RoutingKey, true, false, pub)
 		if err != nil {
+			r.markFailed(vhost)
 			break // the channel is gone; the rest stay unconfirmed
 		}
 		dcs[n] = dc
@@ -189,6 +203,17 @@ func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*stor
 	}
 }
 
+// failFast is how long after a failed publish later batches of the vhost
+// are refused unpublished. It is shorter than the scheduler's shortest retry
+// hold (100 ms), so the retried batch itself is published.
+const failFast = 50 * time.Millisecond
+
+func (r *Releaser) markFailed(vhost string) {
+	r.mu.Lock()
+	r.failed[vhost] = time.Now()
+	r.mu.Unlock()
+}
+
 // conn returns the live connection of vhost, dialling it if needed.
 func (r *Releaser) conn(ctx context.Context, vhost string) (*vhostConn, error) {
 	r.mu.Lock()
@@ -217,6 +242,7 @@ func (r *Releaser) conn(ctx context.Context, vhost string) (*vhostConn, error) {
 }
 
 func (r *Releaser) dial(ctx context.Context, vhost string) (*vhostConn, error) {
+	r.dials++ // r.mu is held
 	uri := r.base
 	uri.Vhost = vhost
 	cfg := amqp.Config{

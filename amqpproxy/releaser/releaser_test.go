@@ -247,3 +247,27 @@ func TestPublishPipelinesBatchesInOrder(t *testing.T) {
 		}
 	}
 }
+
+func TestBatchAfterFailedPublishDoesNotOvertakeIt(t *testing.T) {
+	r := newReleaser(t, Config{DialTimeout: time.Second})
+	m := &store.Message{VHost: "no-such-vhost-" + t.Name(), Exchange: "x"}
+	first := r.Publish(context.Background(), []*store.Message{m}) // the dial fails: 530
+	second := r.Publish(context.Background(), []*store.Message{m})
+	if first()[0] || second()[0] {
+		t.Fatal("confirmed on a vhost that does not exist")
+	}
+	r.mu.Lock()
+	dials := r.dials
+	r.mu.Unlock()
+	if dials != 1 {
+		t.Fatalf("%d dials: the batch right after a failed one was tried instead of refused", dials)
+	}
+	time.Sleep(failFast)
+	r.Publish(context.Background(), []*store.Message{m})()
+	r.mu.Lock()
+	dials = r.dials
+	r.mu.Unlock()
+	if dials != 2 {
+		t.Fatalf("%d dials: the retry after the fail-fast window was not tried", dials)
+	}
+}
