@@ -36,21 +36,21 @@ func RealDeclare(m *wire.ExchangeDeclare) (wire.ExchangeDeclare, error) {
 		return wire.ExchangeDeclare{}, wire.NewError(wire.PreconditionFailed,
 			fmt.Sprintf("Invalid argument, '%s' can't be used for 'x-delayed-type'", TypeDelayed))
 	}
-	real := *m
-	real.Type = typ
-	real.NoWait = false
-	return real, nil
+	up := *m
+	up.Type = typ
+	up.NoWait = false
+	return up, nil
 }
 
 // Def is the registry record of a declared delayed exchange.
-func Def(vhost string, real *wire.ExchangeDeclare) *store.ExchangeDef {
+func Def(vhost string, up *wire.ExchangeDeclare) *store.ExchangeDef {
 	return &store.ExchangeDef{
 		VHost:       vhost,
-		Name:        real.Exchange,
-		DelayedType: real.Type,
-		Durable:     real.Durable,
-		AutoDelete:  real.AutoDelete,
-		Internal:    real.Internal,
-		Arguments:   append([]byte(nil), real.Arguments...),
+		Name:        up.Exchange,
+		DelayedType: up.Type,
+		Durable:     up.Durable,
+		AutoDelete:  up.AutoDelete,
+		Internal:    up.Internal,
+		Arguments:   append([]byte(nil), up.Arguments...),
 	}
 }

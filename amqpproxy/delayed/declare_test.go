@@ -39,7 +39,7 @@ func TestRealDeclare(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			real, err := RealDeclare(m)
+			up, err := RealDeclare(m)
 			if tt.wantCode != 0 {
 				var we *wire.Error
 				if !errors.As(err, &we) || we.Code != tt.wantCode || we.Text != tt.wantText {
@@ -50,10 +50,10 @@ func TestRealDeclare(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if real.Type != tt.wantType || real.NoWait || !real.Durable || string(real.Arguments) != string(m.Arguments) {
-				t.Fatalf("real declare = %+v", real)
+			if up.Type != tt.wantType || up.NoWait || !up.Durable || string(up.Arguments) != string(m.Arguments) {
+				t.Fatalf("real declare = %+v", up)
 			}
-			def := Def("/v", &real)
+			def := Def("/v", &up)
 			if def.DelayedType != tt.wantType || def.Name != "ex" || def.VHost != "/v" || !def.Durable {
 				t.Fatalf("def = %+v", def)
 			}

@@ -139,7 +139,7 @@ func (h *conn) Method(call *amqpproxy.Call) {
 
 // declare declares the real exchange upstream, then records it.
 func (h *conn) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
-	real, err := RealDeclare(m)
+	up, err := RealDeclare(m)
 	if err != nil {
 		closeCall(call, err)
 		return
@@ -157,9 +157,9 @@ func (h *conn) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
 		h.mu.Unlock()
 		close(done)
 	}
-	def := Def(h.c.VHost, &real)
+	def := Def(h.c.VHost, &up)
 	noWait := m.NoWait
-	call.Relay(&real, func(r *amqpproxy.Reply) {
+	call.Relay(&up, func(r *amqpproxy.Reply) {
 		if r.Err != nil || r.Method.ID() != wire.IDExchangeDeclareOk {
 			finish()
 			if r.Err == nil {
