@@ -522,23 +522,12 @@ func TestShutdown_UnansweredCloseStillExits(t *testing.T) {
 	t.Logf("exit %v after SIGTERM with a client that never answers connection.close", took.Round(time.Millisecond))
 }
 
-// closeTimeoutFixed says whether amqpproxy's close timeout ends a read
-// already in progress; see TestShutdown_SilentClientHeldOnlyForCloseTimeout.
-const closeTimeoutFixed = true
-
 // TestShutdown_SilentClientHeldOnlyForCloseTimeout: a client that goes
 // silent (no close-ok, no heartbeat) holds the shutdown for amqpproxy's
 // close timeout (3 s), not until its idle timeout (2 x heartbeat) or the
 // grace period.
 func TestShutdown_SilentClientHeldOnlyForCloseTimeout(t *testing.T) {
 	t.Parallel()
-	if !closeTimeoutFixed {
-		// TODO(amqpproxy): readTimer.setDeadlineBefore only stores the new
-		// deadline; a Read in progress keeps the one it started with
-		// (now + 2 x heartbeat), so a silent client holds the shutdown 20 s
-		// here instead of 3 s. Set closeTimeoutFixed once fixed.
-		t.Skip("TODO(amqpproxy): close timeout does not interrupt a read in progress (amqpproxy/netconn.go setDeadlineBefore)")
-	}
 	p := startProc(t, t.TempDir(), map[string]string{"DELAYPROXY_SHUTDOWN_GRACE": "15s"})
 	dialStalled(t, p, true)
 	sent := time.Now()
