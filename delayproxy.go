@@ -15,7 +15,6 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
 	"github.com/delayproxy/delayproxy/amqpproxy/releaser"
-	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/metrics"
 	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
@@ -129,7 +128,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		Upstream:         p.cfg.UpstreamURL,
 		CertFile:         p.cfg.TLSCert,
 		KeyFile:          p.cfg.TLSKey,
-		Interceptor:      connLog{Interceptor: icpt, log: p.log.With("room", "amqpproxy")},
+		Interceptor:      icpt,
 		HandshakeTimeout: p.cfg.HandshakeTimeout,
 		MaxMessageSize:   int(p.cfg.MaxMessageSize),
 		Logger:           p.log.With("room", "amqpproxy"),
@@ -215,58 +214,6 @@ func dialUpstream(ctx context.Context, rawURL string) error {
 	}
 	return c.Close()
 }
-
-// connLog wraps the interceptor to log one line at info level when a client
-// connection opens (its handshake with the client and RabbitMQ complete) and
-// one when it ends, with the client address, user, vhost and reason.
-// amqpproxy.Conn holds no password, and no body is logged. Failed
-// handshakes are logged by amqpproxy itself.
-type connLog struct {
-	amqpproxy.Interceptor
-	log *slog.Logger
-}
-
-func (l connLog) Open(c *amqpproxy.Conn) amqpproxy.ConnHooks {
-	log := l.log.With("client", c.RemoteAddr.String(), "user", c.User, "vhost", c.VHost)
-	attrs := []any{"heartbeat", int(c.Heartbeat), "frame_max", int(c.FrameMax)}
-	if v, ok, _ := c.ClientProperties.Get("connection_name"); ok {
-		if name, ok := v.(string); ok {
-			attrs = append(attrs, "connection_name", name)
-		}
-	}
-	log.Info("client connection opened", attrs...)
-	h := l.Interceptor.Open(c)
-	if h == nil {
-		h = relayHooks{}
-	}
-	return &loggedHooks{ConnHooks: h, log: log, opened: time.Now()}
-}
-
-// loggedHooks logs the end of a connection after its hooks have seen it.
-type loggedHooks struct {
-	amqpproxy.ConnHooks
-	log    *slog.Logger
-	opened time.Time
-}
-
-func (h *loggedHooks) Closed(err error) {
-	h.ConnHooks.Closed(err)
-	reason := "unknown"
-	if err != nil {
-		reason = err.Error()
-	}
-	h.log.Info("client connection closed", "reason", reason,
-		"duration", time.Since(h.opened).Round(time.Millisecond).String())
-}
-
-// relayHooks intercept nothing: for a connection the interceptor leaves alone.
-type relayHooks struct{}
-
-func (relayHooks) Methods() []wire.MethodID                                      { return nil }
-func (relayHooks) Method(*amqpproxy.Call)                                        {}
-func (relayHooks) InterceptsPublish(*amqpproxy.Channel, *wire.BasicPublish) bool { return false }
-func (relayHooks) Publish(p *amqpproxy.Publish)                                  { p.Relay() }
-func (relayHooks) Closed(error)                                                  {}
 
 // relayMetrics feeds the relay's counts to the metrics.
 type relayMetrics struct{ *metrics.Metrics }

@@ -269,7 +269,14 @@ func (s *session) handshake(ctx context.Context) bool {
 		fail: func(err error) { s.stop(fmt.Errorf("writing to client: %w", err)) }}
 	s.uw = &writer{conn: up, w: uw, q: newOutQueue(limit), beat: beat, metrics: cfg.Metrics, arena: &s.cArena,
 		fail: func(err error) { s.upstreamReadFailed(fmt.Errorf("writing upstream: %w", err)) }}
-	s.log.Debug("connection open", "channel_max", tuneOk.ChannelMax, "frame_max", tuneOk.FrameMax, "heartbeat", tuneOk.Heartbeat)
+	attrs := []any{"heartbeat", int(tuneOk.Heartbeat), "frame_max", int(tuneOk.FrameMax), "channel_max", int(tuneOk.ChannelMax)}
+	if v, ok, _ := s.info.ClientProperties.Get("connection_name"); ok {
+		if name, ok := v.(string); ok {
+			attrs = append(attrs, "connection_name", name)
+		}
+	}
+	s.opened = time.Now()
+	s.log.Info("client connection opened", attrs...)
 	return true
 }
 

@@ -259,9 +259,12 @@ func (srv *Server) handle(s *session) {
 		srv.beforeRelay(s)
 	}
 	s.run()
-	if err := s.endReason(); err != nil && !errors.Is(err, errClientClosed) && !errors.Is(err, errUpstreamClosed) {
-		s.log.Debug("connection ended", "reason", err)
+	reason := "unknown"
+	if err := s.endReason(); err != nil {
+		reason = err.Error()
 	}
+	s.log.Info("client connection closed", "reason", reason,
+		"duration", time.Since(s.opened).Round(time.Millisecond).String())
 }
 
 // Shutdown stops accepting and closes every client connection as RabbitMQ

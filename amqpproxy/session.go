@@ -35,9 +35,10 @@ const (
 // the other hop's writer queue; writers own their socket's write side and
 // close the socket when they exit, which ends the reader of that socket.
 type session struct {
-	srv  *Server
-	log  *slog.Logger
-	info *Conn
+	srv    *Server
+	log    *slog.Logger
+	info   *Conn
+	opened time.Time // when the handshake completed
 
 	clientConn, upConn net.Conn   // as read and written (TLS or TCP)
 	client, upstream   *readTimer // read side, with heartbeat deadlines
