@@ -158,6 +158,7 @@ func (h *conn) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
 		close(done)
 	}
 	def := Def(h.c.VHost, &up)
+	what := "record delayed exchange " + m.Exchange
 	noWait := m.NoWait
 	call.Relay(&up, func(r *amqpproxy.Reply) {
 		if r.Err != nil || r.Method.ID() != wire.IDExchangeDeclareOk {
@@ -167,25 +168,31 @@ func (h *conn) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
 			}
 			return
 		}
-		// The registry write is an fsync: not in the upstream reader.
-		h.i.wg.Add(1)
-		go func() {
-			defer h.i.wg.Done()
+		h.recordThenAnswer(r, noWait, what, func() error {
 			defer finish()
 			if prev != nil {
 				<-prev
 			}
-			if err := h.i.cfg.Store.PutExchange(h.i.ctx, def); err != nil {
-				h.i.cfg.Logger.Error("cannot record delayed exchange", "vhost", def.VHost, "exchange", def.Name, "err", err)
-				r.CloseChannel(wire.InternalError, "cannot record delayed exchange: "+err.Error())
-				return
-			}
-			if noWait {
-				r.Drop()
-			} else {
-				r.Pass()
-			}
-		}()
+			return h.i.cfg.Store.PutExchange(h.i.ctx, def)
+		})
+	})
+}
+
+// recordThenAnswer runs a registry write after RabbitMQ's OK, off the
+// upstream reader (it fsyncs), then answers the client: RabbitMQ's reply,
+// nothing for a request it sent with no-wait, or 541 when the write failed.
+func (h *conn) recordThenAnswer(r *amqpproxy.Reply, noWait bool, what string, write func() error) {
+	h.i.wg.Go(func() {
+		if err := write(); err != nil {
+			h.i.cfg.Logger.Error("cannot "+what, "vhost", h.c.VHost, "err", err)
+			r.CloseChannel(wire.InternalError, "cannot "+what+": "+err.Error())
+			return
+		}
+		if noWait {
+			r.Drop()
+		} else {
+			r.Pass()
+		}
 	})
 }
 
@@ -203,25 +210,14 @@ func (h *conn) delete(call *amqpproxy.Call, m *wire.ExchangeDelete) {
 			}
 			return
 		}
-		h.i.wg.Add(1)
-		go func() {
-			defer h.i.wg.Done()
+		h.recordThenAnswer(r, noWait, "drop delayed exchange "+name, func() error {
 			n, err := h.i.cfg.Store.DeleteExchange(h.i.ctx, vhost, name)
-			if err != nil {
-				h.i.cfg.Logger.Error("cannot drop delayed exchange", "vhost", vhost, "exchange", name, "err", err)
-				r.CloseChannel(wire.InternalError, "cannot drop delayed exchange: "+err.Error())
-				return
-			}
 			if n > 0 {
 				h.i.cfg.Metrics.Discarded(int(n))
 				h.i.cfg.Logger.Info("delayed exchange deleted, pending messages discarded", "vhost", vhost, "exchange", name, "discarded", n)
 			}
-			if noWait {
-				r.Drop()
-			} else {
-				r.Pass()
-			}
-		}()
+			return err
+		})
 	})
 }
 
