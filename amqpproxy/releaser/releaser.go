@@ -185,12 +185,23 @@ func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*stor
 		// release it again.
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout)
 		defer cancel()
+		allOK := true
 		for n, dc := range dcs {
 			if dc == nil {
 				continue
 			}
 			ok, err := dc.WaitContext(wctx)
 			confirmed[idx[n]] = ok && err == nil
+			allOK = allOK && confirmed[idx[n]]
+		}
+		if !allOK && vc.ch.IsClosed() {
+			// amqp091-go fails the pending confirms before the close
+			// watcher records why the channel closed: wait for it, so a
+			// 404 is seen and the exchange declared again.
+			select {
+			case <-vc.dead:
+			case <-time.After(time.Second):
+			}
 		}
 		select {
 		case <-vc.dead:
