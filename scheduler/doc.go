@@ -58,10 +58,19 @@
 //
 // # The scheduler
 //
-// One goroutine, Run's, owns the wheel and all loop state. It starts one
-// goroutine per Release call (at most MaxInFlight/BatchSize at once, one by
-// default) and one goroutine per store.Delete (one at a time, so deletes of
-// confirmed messages group up); Run waits for all of them before returning.
+// One goroutine, Run's, owns the wheel and all loop state. Due batches go
+// through a release pipeline of two more goroutines: publishLoop reads each
+// batch from the store and hands it to the Releaser, in dispatch order, and
+// confirmLoop awaits its confirms and reports back to the loop. A plain
+// (not pipelined) Releaser gets one goroutine per Release call, at most
+// MaxInFlight/BatchSize at once. store.Delete runs in one goroutine at a
+// time, so deletes of confirmed messages group up (for DeleteLinger, if
+// set). Run waits for all of them before returning.
+//
+//	loop ──batch keys──▶ publishLoop ──published──▶ confirmLoop
+//	  ▲                  (Get, Publish)             (wait confirms)
+//	  └──────────────────results──────────────────────────┘
+//	loop ──confirmed keys──▶ delete goroutine ──done──▶ loop
 //
 // Loading. A cursor key splits the stored messages: every key below it has
 // been scanned into the wheel (or released since), every key at or above it
@@ -100,7 +109,7 @@
 // Release. Due keys are taken from the wheel in order (ExpireN), at most
 // BatchSize per Release call, at most MaxInFlight in calls, and within Rate
 // (a token bucket holding 100 ms of the rate, waited for by timer, never by
-// spinning). A release goroutine reads the batch with store.Get, skips keys
+// spinning). publishLoop reads the batch with store.Get, skips keys
 // that are gone (cancelled), collects stale ones (exchange deleted or
 // re-created: deleted and counted as discarded, never released) and hands
 // the rest to the Releaser. Confirmed and stale keys are deleted in batched

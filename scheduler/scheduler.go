@@ -79,6 +79,12 @@ type Options struct {
 	MaxLoaded int
 	// Rate limits releases to this many messages per second; 0 is no limit.
 	Rate float64
+	// DeleteLinger is how long confirmed releases wait before their store
+	// delete starts, unless MaxInFlight of them are waiting, so that deletes
+	// group into fewer commits (fsyncs). A crash within that time releases
+	// them again: duplicates stay bounded by twice MaxInFlight. Default 0:
+	// a delete starts as soon as the previous one has committed.
+	DeleteLinger time.Duration
 	// RetryBackoffMin and RetryBackoffMax bound the exponential wait after
 	// a release that was not confirmed. Defaults 100 ms and 30 s.
 	RetryBackoffMin, RetryBackoffMax time.Duration
@@ -129,9 +135,9 @@ type Scheduler struct {
 	hasMissed bool
 
 	notify  chan struct{}      // wakes the loop; capacity 1
-	results chan releaseResult // from release goroutines; never blocks
+	results chan releaseResult // from the release pipeline; never blocks
 	deleted chan deleteResult  // from the delete goroutine; never blocks
-	wg      sync.WaitGroup     // release and delete goroutines
+	wg      sync.WaitGroup     // pipeline, Release and delete goroutines
 
 	// Owned by the loop goroutine.
 	w           *Wheel
@@ -143,9 +149,10 @@ type Scheduler struct {
 	inflight    int                    // messages in Release calls
 	calls       int                    // Release calls running
 	maxCalls    int                    // most Release calls at once
-	lastTurn    chan struct{}          // closed when the latest dispatched batch has been published
+	jobs        chan []store.Key       // dispatched batches, to publishLoop
 	toDelete    []store.Key            // confirmed or stale, waiting for the delete goroutine
 	deleting    bool
+	toDeleteAt  time.Time     // when toDelete last became non-empty
 	deleteAfter time.Time     // no delete before this (after a failed one)
 	delBackoff  time.Duration // wait after the next failed delete
 	backoff     time.Duration
@@ -306,6 +313,10 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	defer timer.Stop()
 	ctx, cancel := context.WithCancel(ctx) // also ends releases after a store failure
 	defer cancel()
+	s.jobs = make(chan []store.Key, s.maxCalls)
+	waits := make(chan published, s.maxCalls)
+	s.wg.Go(func() { s.publishLoop(ctx, s.jobs, waits) })
+	s.wg.Go(func() { s.confirmLoop(waits) })
 
 	for ctx.Err() == nil && s.fatal == nil {
 		if s.testBegin != nil {
@@ -314,7 +325,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		now := s.clock.Now()
 		s.drainInbox()
 		more := s.load(now)
-		s.dispatch(ctx, now)
+		s.dispatch(now)
 		s.startDelete(ctx)
 		wait := s.nextWake(now, more)
 		timer.Reset(wait)
@@ -334,6 +345,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 
 	// Wait for the releases in flight, then delete what they confirmed.
 	cancel()
+	close(s.jobs) // the pipeline ends once it has answered every batch
 	s.stopping = true
 	for s.inflight > 0 || s.deleting || len(s.toDelete) > 0 {
 		s.startDelete(ctx)
@@ -496,7 +508,7 @@ func (s *Scheduler) storeError(op string, err error) {
 }
 
 // dispatch hands due keys to release goroutines while limits allow.
-func (s *Scheduler) dispatch(ctx context.Context, now time.Time) {
+func (s *Scheduler) dispatch(now time.Time) {
 	if now.Before(s.holdUntil) {
 		return
 	}
@@ -510,7 +522,7 @@ func (s *Scheduler) dispatch(ctx context.Context, now time.Time) {
 				return
 			}
 		}
-		batch := s.w.ExpireN(nowMs, make([]store.Key, 0, n), n)
+		batch := s.w.ExpireN(nowMs, nil, n)
 		if len(batch) == 0 {
 			return
 		}
@@ -522,10 +534,7 @@ func (s *Scheduler) dispatch(ctx context.Context, now time.Time) {
 		}
 		s.inflight += len(batch)
 		s.calls++
-		prev, turn := s.lastTurn, make(chan struct{})
-		s.lastTurn = turn
-		s.wg.Add(1)
-		go s.release(ctx, batch, prev, turn)
+		s.jobs <- batch // never blocks: it holds maxCalls
 	}
 }
 
@@ -548,68 +557,84 @@ func (s *Scheduler) refill(now time.Time) {
 	s.tokensAt = now
 }
 
-// release reads a batch, drops what is gone or stale, releases the rest and
-// reports to the loop. It runs in its own goroutine.
-// release reads a dispatched batch and releases it. Batches are handed to
-// the Releaser in dispatch order: each waits for prev (the previous batch's
-// turn) and closes turn once a PipelinedReleaser has published it (a plain
-// Releaser's call has started), so reading overlaps but publishing keeps
-// release order.
-func (s *Scheduler) release(ctx context.Context, keys []store.Key, prev <-chan struct{}, turn chan<- struct{}) {
-	defer s.wg.Done()
-	turnDone := false
-	passTurn := func() {
-		if !turnDone {
-			turnDone = true
-			close(turn)
+// publishLoop is the release pipeline's first stage, one goroutine: it
+// takes dispatched batches in dispatch order, reads them from the store,
+// drops what is gone or stale and hands the rest to the Releaser. It does
+// not wait for confirms (confirmLoop does), so batches go out one after
+// another, in order, with one hand-off between the loop and the wire.
+func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan []store.Key, waits chan<- published) {
+	defer close(waits)
+	publish := s.publishFunc()
+	for keys := range jobs {
+		res := releaseResult{n: len(keys)}
+		msgs, err := s.st.Get(keys)
+		if err != nil {
+			res.err, res.retry = err, keys
+			s.results <- res
+			continue
 		}
-	}
-	defer passTurn()
-	res := releaseResult{n: len(keys)}
-	msgs, err := s.st.Get(keys)
-	if err != nil {
-		res.err, res.retry = err, keys
-		s.results <- res
-		return
-	}
-	live := make([]*store.Message, 0, len(msgs))
-	for i, m := range msgs {
-		switch {
-		case m == nil:
-			res.gone = append(res.gone, keys[i])
-		case s.st.Stale(m):
-			res.del = append(res.del, keys[i])
-			res.stale++
-		default:
-			live = append(live, m)
+		live := make([]*store.Message, 0, len(msgs))
+		for i, m := range msgs {
+			switch {
+			case m == nil:
+				res.gone = append(res.gone, keys[i])
+			case s.st.Stale(m):
+				res.del = append(res.del, keys[i])
+				res.stale++
+			default:
+				live = append(live, m)
+			}
 		}
-	}
-	if prev != nil {
-		<-prev
-	}
-	if len(live) > 0 {
+		if len(live) == 0 {
+			s.results <- res
+			continue
+		}
 		at := s.clock.Now()
-		var confirmed []bool
-		if pr, ok := s.r.(PipelinedReleaser); ok {
-			wait := pr.Publish(ctx, live)
-			passTurn()
-			confirmed = wait()
-		} else {
-			passTurn() // calls start in order; their overlap is the Releaser's
-			confirmed = s.r.Release(ctx, live)
-		}
-		for i, m := range live {
+		waits <- published{res: res, live: live, at: at, wait: publish(ctx, live)}
+	}
+}
+
+// published is a batch handed to the Releaser, awaiting its confirms.
+type published struct {
+	res  releaseResult
+	live []*store.Message
+	at   time.Time // when it was handed over
+	wait func() (confirmed []bool)
+}
+
+// confirmLoop is the release pipeline's second stage, one goroutine: it
+// awaits the confirms of each published batch, in order, and reports the
+// result to the loop.
+func (s *Scheduler) confirmLoop(waits <-chan published) {
+	for p := range waits {
+		confirmed := p.wait()
+		res := p.res
+		for i, m := range p.live {
 			if i < len(confirmed) && confirmed[i] {
 				res.del = append(res.del, m.Key)
 				if s.opts.OnReleased != nil {
-					s.opts.OnReleased(m, at.Sub(time.UnixMilli(m.Key.Due())))
+					s.opts.OnReleased(m, p.at.Sub(time.UnixMilli(m.Key.Due())))
 				}
 			} else {
 				res.retry = append(res.retry, m.Key)
 			}
 		}
+		s.results <- res
 	}
-	s.results <- res
+}
+
+// publishFunc is how publishLoop hands a batch over: a PipelinedReleaser's
+// Publish, or a plain Release call started in a goroutine of its own, so
+// that up to MaxInFlight/BatchSize calls overlap and start in order.
+func (s *Scheduler) publishFunc() func(ctx context.Context, batch []*store.Message) (wait func() []bool) {
+	if pr, ok := s.r.(PipelinedReleaser); ok {
+		return pr.Publish
+	}
+	return func(ctx context.Context, batch []*store.Message) func() []bool {
+		done := make(chan []bool, 1)
+		s.wg.Go(func() { done <- s.r.Release(ctx, batch) })
+		return func() []bool { return <-done }
+	}
 }
 
 // finish takes a release's result in the loop.
@@ -619,7 +644,7 @@ func (s *Scheduler) finish(res releaseResult) {
 	for _, k := range res.gone {
 		delete(s.outstanding, k)
 	}
-	s.toDelete = append(s.toDelete, res.del...) // outstanding until deleted
+	s.queueDelete(res.del)
 	if res.stale > 0 && s.opts.OnDiscarded != nil {
 		s.opts.OnDiscarded(res.stale)
 	}
@@ -657,7 +682,7 @@ func (s *Scheduler) startDelete(ctx context.Context) {
 	if s.deleting || len(s.toDelete) == 0 {
 		return
 	}
-	if !s.stopping && s.clock.Now().Before(s.deleteAfter) {
+	if !s.stopping && s.clock.Now().Before(s.deleteAt()) {
 		return
 	}
 	keys := s.toDelete
@@ -673,6 +698,27 @@ func (s *Scheduler) startDelete(ctx context.Context) {
 	}()
 }
 
+// queueDelete queues confirmed or stale keys for the delete goroutine; they
+// stay outstanding until deleted.
+func (s *Scheduler) queueDelete(keys []store.Key) {
+	if len(s.toDelete) == 0 && len(keys) > 0 {
+		s.toDeleteAt = s.clock.Now()
+	}
+	s.toDelete = append(s.toDelete, keys...)
+}
+
+// deleteAt is when the keys waiting may be deleted: after the linger (unless
+// enough are waiting) and after the backoff of a failed delete.
+func (s *Scheduler) deleteAt() time.Time {
+	at := s.deleteAfter
+	if len(s.toDelete) < s.opts.MaxInFlight {
+		if t := s.toDeleteAt.Add(s.opts.DeleteLinger); t.After(at) {
+			at = t
+		}
+	}
+	return at
+}
+
 func (s *Scheduler) finishDelete(res deleteResult) {
 	s.deleting = false
 	if res.err != nil && !s.stopping && !errors.Is(res.err, store.ErrClosed) {
@@ -682,7 +728,7 @@ func (s *Scheduler) finishDelete(res deleteResult) {
 		// toDelete is long (canDispatch).
 		s.delBackoff = min(max(2*s.delBackoff, s.opts.RetryBackoffMin), s.opts.RetryBackoffMax)
 		s.deleteAfter = s.clock.Now().Add(s.delBackoff)
-		s.toDelete = append(s.toDelete, res.keys...)
+		s.queueDelete(res.keys)
 		s.log.Error("scheduler: deleting released messages failed, retrying", "messages", len(res.keys), "backoff", s.delBackoff, "err", res.err)
 		return
 	}
@@ -717,7 +763,7 @@ func (s *Scheduler) nextWake(now time.Time, loadMore bool) time.Duration {
 		earlier(wake)
 	}
 	if len(s.toDelete) > 0 && !s.deleting {
-		earlier(s.deleteAfter)
+		earlier(s.deleteAt())
 	}
 	if next, ok := s.w.Next(); ok && s.canDispatch() {
 		t := time.UnixMilli(next)

@@ -930,3 +930,34 @@ func TestFailedDeleteIsRetried(t *testing.T) {
 		t.Fatalf("released %d times, want 2 (no release again while deletes fail)", n)
 	}
 }
+
+func TestDeleteLinger(t *testing.T) {
+	tests := []struct {
+		name        string
+		opts        Options
+		storedAfter bool // still stored right after their release
+	}{
+		{"deletes wait for the linger", Options{DeleteLinger: 50 * time.Millisecond}, true},
+		{"MaxInFlight waiting start the delete at once", Options{DeleteLinger: time.Hour, BatchSize: 2, MaxInFlight: 2}, false},
+		{"no linger", Options{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, tt.opts)
+			msgs := []*store.Message{h.put("a", 0, 0), h.put("b", 0, 0)}
+			h.start()
+			h.settle()
+			h.wantReleased("a", "b")
+			if got := h.stored(msgs...); got[0] != tt.storedAfter || got[1] != tt.storedAfter {
+				t.Fatalf("stored right after release = %v, want both %v", got, tt.storedAfter)
+			}
+			h.advance(50 * time.Millisecond)
+			if got := h.stored(msgs...); got[0] || got[1] {
+				t.Fatalf("stored = %v after the linger: released messages never deleted", got)
+			}
+			if n := len(h.rel.released()); n != 2 {
+				t.Fatalf("released %d times, want 2", n)
+			}
+		})
+	}
+}

@@ -15,6 +15,10 @@
 //     on that channel in the order given, so RabbitMQ routes them in release
 //     order; batches for one vhost are published one after another, and their
 //     confirms are awaited outside the lock so batches pipeline.
+//   - A batch leaves in one socket write: the connection is corked while
+//     amqp091-go publishes it (it flushes after every message) and uncorked
+//     after. Bytes are never reordered; a failed write closes the connection,
+//     so the confirms awaited fail and the batch is retried.
 //   - What is published is the stored message: routing key, properties and
 //     body as the client sent them, with the header x-delay set to minus the
 //     delay (a signed 64-bit integer), as RabbitMQ's delayed-message plugin

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -100,6 +101,7 @@ type vhostConn struct {
 	vhost string
 	conn  *amqp.Connection
 	ch    *amqp.Channel
+	cork  *corkConn // conn's socket, corked around each batch
 	// pub serialises publishing so each batch goes out in order, unbroken.
 	pub sync.Mutex
 	// dead is closed when the channel or connection has closed.
@@ -158,6 +160,7 @@ func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*stor
 	}
 	dcs := make([]*amqp.DeferredConfirmation, len(idx))
 	vc.pub.Lock()
+	vc.cork.cork()
 	for n, i := range idx {
 		m := batch[i]
 		pub, err := publishing(m)
@@ -177,6 +180,7 @@ func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*stor
 		}
 		dcs[n] = dc
 	}
+	vc.cork.uncork()
 	vc.pub.Unlock()
 
 	return func() {
@@ -261,7 +265,16 @@ func (r *Releaser) dial(ctx context.Context, vhost string) (*vhostConn, error) {
 		TLSClientConfig: r.cfg.TLS,
 		Locale:          "en_US",
 		Properties:      amqp.Table{"connection_name": r.cfg.Name + " " + vhost, "product": "delayproxy"},
-		Dial:            amqp.DefaultDial(r.cfg.DialTimeout),
+	}
+	var cork *corkConn
+	dial := amqp.DefaultDial(r.cfg.DialTimeout)
+	cfg.Dial = func(network, addr string) (net.Conn, error) {
+		conn, err := dial(network, addr)
+		if err != nil {
+			return nil, err
+		}
+		cork = &corkConn{Conn: conn}
+		return cork, nil
 	}
 	type result struct {
 		conn *amqp.Connection
@@ -294,7 +307,7 @@ func (r *Releaser) dial(ctx context.Context, vhost string) (*vhostConn, error) {
 		res.conn.Close()
 		return nil, fmt.Errorf("open release channel on vhost %q: %w", vhost, err)
 	}
-	vc := &vhostConn{vhost: vhost, conn: res.conn, ch: ch, dead: make(chan struct{})}
+	vc := &vhostConn{vhost: vhost, conn: res.conn, ch: ch, cork: cork, dead: make(chan struct{})}
 	returns := ch.NotifyReturn(make(chan amqp.Return, 64))
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	connClosed := res.conn.NotifyClose(make(chan *amqp.Error, 1))
