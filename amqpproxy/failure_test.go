@@ -195,13 +195,15 @@ func TestShutdown(t *testing.T) {
 	if err := p.srv.Shutdown(ctxTimeout(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
+	// Shutdown returned once the client answered connection.close;
+	// amqp091-go reports the close on its own goroutine, maybe just after.
 	select {
 	case e := <-closed:
 		if e == nil || e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "shutting down") {
 			t.Fatalf("closed with %v", e)
 		}
-	default:
-		t.Fatal("Shutdown returned before the client was told")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the client was never told the proxy is shutting down")
 	}
 	half.expectHangup()
 	if _, err := amqp.Dial(p.url(t)); err == nil {
