@@ -16,9 +16,11 @@ type Clock interface {
 type Timer interface {
 	// C delivers the time when the timer fires.
 	C() <-chan time.Time
-	// Reset stops the timer and arms it to fire after d; a value from an
-	// earlier arming is no longer received after Reset returns.
-	Reset(d time.Duration)
+	// ResetAt stops the timer and arms it to fire when the clock reaches
+	// t; a value from an earlier arming is no longer received after
+	// ResetAt returns. An absolute time, so that a clock moving between
+	// the caller's reading of it and the arming cannot delay the wake-up.
+	ResetAt(t time.Time)
 	// Stop stops the timer.
 	Stop()
 }
@@ -34,9 +36,9 @@ func (RealClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTime
 
 type realTimer struct{ t *time.Timer }
 
-func (r realTimer) C() <-chan time.Time   { return r.t.C }
-func (r realTimer) Reset(d time.Duration) { r.t.Reset(d) } // Go 1.23+: no stale value after Reset
-func (r realTimer) Stop()                 { r.t.Stop() }
+func (r realTimer) C() <-chan time.Time { return r.t.C }
+func (r realTimer) ResetAt(t time.Time) { r.t.Reset(time.Until(t)) } // Go 1.23+: no stale value after Reset
+func (r realTimer) Stop()               { r.t.Stop() }
 
 // ManualClock is a Clock that moves only when told to, for tests and
 // benchmarks. Its timers fire when Advance or Set moves the time to or past
@@ -85,7 +87,7 @@ func (c *ManualClock) NewTimer(d time.Duration) Timer {
 	defer c.mu.Unlock()
 	tm := &manualTimer{c: c, ch: make(chan time.Time, 1)}
 	c.timers = append(c.timers, tm)
-	tm.armLocked(d)
+	tm.armLocked(c.now.Add(d))
 	return tm
 }
 
@@ -99,10 +101,10 @@ type manualTimer struct {
 
 func (t *manualTimer) C() <-chan time.Time { return t.ch }
 
-func (t *manualTimer) Reset(d time.Duration) {
+func (t *manualTimer) ResetAt(at time.Time) {
 	t.c.mu.Lock()
 	defer t.c.mu.Unlock()
-	t.armLocked(d)
+	t.armLocked(at)
 }
 
 func (t *manualTimer) Stop() {
@@ -112,9 +114,9 @@ func (t *manualTimer) Stop() {
 	t.drain()
 }
 
-func (t *manualTimer) armLocked(d time.Duration) {
+func (t *manualTimer) armLocked(at time.Time) {
 	t.drain()
-	t.deadline = t.c.now.Add(d)
+	t.deadline = at
 	t.armed = true
 	t.fireIfDue(t.c.now)
 }

@@ -328,7 +328,10 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		s.dispatch(now)
 		s.startDelete(ctx)
 		wait := s.nextWake(now, more)
-		timer.Reset(wait)
+		// wait counts from now, read before this turn's work: the timer
+		// is armed for that instant, or a slow turn (or a fake clock moved
+		// meanwhile) would make the wake-up late by that much.
+		timer.ResetAt(now.Add(wait))
 		if wait > 0 && s.idle != nil && s.inflight == 0 && !s.deleting {
 			s.idle(now.UnixMilli())
 		}
