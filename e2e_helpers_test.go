@@ -100,10 +100,20 @@ func (c *testClock) Now() time.Time {
 	return time.Now().Add(c.offset)
 }
 
-// NewTimer implements scheduler.Clock.
+// NewTimer implements scheduler.Clock: a system timer, armed for the
+// system-clock instant at which this clock will read the time asked for.
 func (c *testClock) NewTimer(d time.Duration) scheduler.Timer {
-	return scheduler.RealClock{}.NewTimer(d)
+	return testTimer{c, time.NewTimer(d)}
 }
+
+type testTimer struct {
+	c *testClock
+	t *time.Timer
+}
+
+func (t testTimer) C() <-chan time.Time  { return t.t.C }
+func (t testTimer) ResetAt(at time.Time) { t.t.Reset(at.Sub(t.c.Now())) }
+func (t testTimer) Stop()                { t.t.Stop() }
 
 // freeze stops the clock at its current reading, which it returns.
 func (c *testClock) freeze() time.Time {
