@@ -213,8 +213,8 @@ func BenchmarkDelayedPublish_ProxyVsDirect(b *testing.B) {
 //   - proxy: through delayproxy, x-delay on a delayed exchange;
 //   - ttl-dlx: RabbitMQ's own recipe, straight to RabbitMQ: a wait queue
 //     with per-message expiration, dead-lettered into the work queue;
-//   - paced-direct and paced-confirmed: no delay mechanism, the floors of
-//     this machine and broker (see latenessPaced).
+//   - paced-direct, paced-confirmed and paced-confirmed-ms: no delay
+//     mechanism, the floors of this machine and broker (see latenessPaced).
 //
 // Each reports p50, p99 and max lateness in ms, the count of early arrivals
 // (must be 0) and the arrival rate. The proxy also reports its own part,
@@ -234,6 +234,7 @@ func BenchmarkRelease_Lateness10k(b *testing.B) {
 	b.Run("ttl-dlx", func(b *testing.B) { benchLateness(b, latenessTTL) })
 	b.Run("paced-direct", func(b *testing.B) { benchLateness(b, latenessPaced) })
 	b.Run("paced-confirmed", func(b *testing.B) { benchLateness(b, latenessPacedConfirmed) })
+	b.Run("paced-confirmed-ms", func(b *testing.B) { benchLateness(b, latenessPacedConfirmedMs) })
 }
 
 // Ways of delivering a message at its due time, for BenchmarkRelease_Lateness10k.
@@ -249,6 +250,12 @@ const (
 	// wait for the confirms): the floor for any delay mechanism that must
 	// know RabbitMQ took the message before forgetting it.
 	latenessPacedConfirmed
+	// latenessPacedConfirmedMs is latenessPacedConfirmed publishing each
+	// message at the first whole millisecond at or after its due time, so
+	// the ten due within a millisecond leave together: what a perfect
+	// scheduler of millisecond resolution would do, with no rounding of the
+	// delay on the publisher's side and no store.
+	latenessPacedConfirmedMs
 )
 
 func benchLateness(b *testing.B, mode int) {
@@ -284,9 +291,10 @@ func benchLateness(b *testing.B, mode int) {
 	}
 
 	var paced *amqp.Channel // latenessPaced*: confirms are not waited for
-	if mode == latenessPaced || mode == latenessPacedConfirmed {
+	confirmed := mode == latenessPacedConfirmed || mode == latenessPacedConfirmedMs
+	if mode == latenessPaced || confirmed {
 		paced = dialChannel(b, direct)
-		if mode == latenessPacedConfirmed {
+		if confirmed {
 			if err := paced.Confirm(false); err != nil {
 				b.Fatal(err)
 			}
@@ -324,7 +332,11 @@ func benchLateness(b *testing.B, mode int) {
 		due := func(k int) time.Time { return first.Add(time.Duration(k) * time.Second / perSec) }
 		start := time.Now()
 		if paced != nil {
-			go publishPaced(b, paced, mode == latenessPacedConfirmed, work, n, due)
+			at := due
+			if mode == latenessPacedConfirmedMs {
+				at = func(k int) time.Time { return time.UnixMilli((due(k).UnixNano() + 999_999) / 1e6) }
+			}
+			go publishPaced(b, paced, confirmed, work, n, at)
 		} else {
 			pub.publishN(b, exchange, key, n, func(i int) amqp.Publishing {
 				k := order[i]
@@ -416,13 +428,13 @@ func handoffLateness(b *testing.B, httpURL string) (within5ms, p99ms float64) {
 	return within5ms, p99ms
 }
 
-// publishPaced publishes message k straight to queue at due(k), in due
-// order, without waiting for confirms: each wake-up publishes everything
-// due by then, as a release would. With confirmed, ch is in confirm mode and
+// publishPaced publishes message k straight to queue at at(k), in order,
+// without waiting for confirms: each wake-up publishes everything due by
+// then, as a release would. With confirmed, ch is in confirm mode and
 // messages are mandatory, as the releaser publishes them.
-func publishPaced(b *testing.B, ch *amqp.Channel, confirmed bool, queue string, n int, due func(k int) time.Time) {
+func publishPaced(b *testing.B, ch *amqp.Channel, confirmed bool, queue string, n int, at func(k int) time.Time) {
 	for k := 0; k < n; k++ {
-		if d := time.Until(due(k)); d > 0 {
+		if d := time.Until(at(k)); d > 0 {
 			time.Sleep(d)
 		}
 		m := amqp.Publishing{Body: payload64, MessageId: strconv.Itoa(k), DeliveryMode: amqp.Persistent}
