@@ -234,7 +234,7 @@ const MaxReleasesInFlight = 4096
 // ReleaseDeleteLinger is how long released messages wait before they are
 // deleted from the store, so that one commit (one fsync) deletes many: at
 // 10,000 releases/s it halves the proxy's CPU spent in the store. A crash
-// releases them again, which MaxReleasesInFlight bounds.
+// releases them again: at most 5×MaxReleasesInFlight, as without it.
 const ReleaseDeleteLinger = 20 * time.Millisecond
 
 // vhostsOf lists the distinct vhosts of the delayed exchanges.

@@ -81,9 +81,10 @@ type Options struct {
 	Rate float64
 	// DeleteLinger is how long confirmed releases wait before their store
 	// delete starts, unless MaxInFlight of them are waiting, so that deletes
-	// group into fewer commits (fsyncs). A crash within that time releases
-	// them again: duplicates stay bounded by twice MaxInFlight. Default 0:
-	// a delete starts as soon as the previous one has committed.
+	// group into fewer commits (fsyncs). A crash before the delete releases
+	// them again; releases pause while 4×MaxInFlight wait, so duplicates
+	// stay bounded by 5×MaxInFlight as without a linger. Default 0: a
+	// delete starts as soon as the previous one has committed.
 	DeleteLinger time.Duration
 	// RetryBackoffMin and RetryBackoffMax bound the exponential wait after
 	// a release that was not confirmed. Defaults 100 ms and 30 s.
