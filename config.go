@@ -89,7 +89,8 @@ type Config struct {
 	// HandshakeTimeout bounds a client's AMQP handshake.
 	HandshakeTimeout time.Duration
 	// Heartbeat is the heartbeat interval the proxy proposes to clients in
-	// connection.tune; 0 disables it. Whole seconds.
+	// connection.tune, instead of RabbitMQ's; 0 proposes none. The client's
+	// tune-ok goes to RabbitMQ too, so both hops use the same. Whole seconds.
 	Heartbeat time.Duration
 	// ShutdownGrace is how long shutdown waits for in-flight work.
 	ShutdownGrace time.Duration

@@ -131,6 +131,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		KeyFile:          p.cfg.TLSKey,
 		Interceptor:      icpt,
 		HandshakeTimeout: p.cfg.HandshakeTimeout,
+		Heartbeat:        heartbeatOffer(p.cfg.Heartbeat),
 		MaxMessageSize:   int(p.cfg.MaxMessageSize),
 		Logger:           p.log.With("room", "amqpproxy"),
 		Metrics:          relayMetrics{m},
@@ -236,6 +237,15 @@ const MaxReleasesInFlight = 4096
 // 10,000 releases/s it halves the proxy's CPU spent in the store. A crash
 // releases them again: at most 5×MaxReleasesInFlight, as without it.
 const ReleaseDeleteLinger = 20 * time.Millisecond
+
+// heartbeatOffer is Config.Heartbeat as amqpproxy.Config takes it: there 0
+// relays RabbitMQ's proposal and a negative value disables heartbeats.
+func heartbeatOffer(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
 
 // vhostsOf lists the distinct vhosts of the delayed exchanges.
 func vhostsOf(defs []store.ExchangeDef) []string {

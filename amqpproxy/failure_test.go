@@ -286,3 +286,47 @@ func TestBackPressure(t *testing.T) {
 		}
 	}
 }
+
+// TestHeartbeatOffer: Config.Heartbeat replaces RabbitMQ's proposal in
+// connection.tune, or relays it; what the client answers applies.
+func TestHeartbeatOffer(t *testing.T) {
+	t.Parallel()
+	rabbit := offeredTune(t, brokerAddr(t)).Heartbeat
+	if rabbit == 7 {
+		t.Fatal("RabbitMQ proposes 7 s: pick another value below")
+	}
+	tests := []struct {
+		name  string
+		offer time.Duration
+		want  uint16
+	}{
+		{"zero relays RabbitMQ's", 0, rabbit},
+		{"positive replaces it", 7 * time.Second, 7},
+		{"negative proposes none", -1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startProxy(t, Config{Heartbeat: tt.offer})
+			if got := offeredTune(t, p.addr).Heartbeat; got != tt.want {
+				t.Fatalf("proposed heartbeat %d s, want %d s", got, tt.want)
+			}
+			// A client that takes the proposal gets it on a working connection.
+			conn := p.dial(t, amqp.Config{Heartbeat: time.Duration(max(tt.want, 1)) * time.Second})
+			if got := conn.Config.Heartbeat; got != time.Duration(max(tt.want, 1))*time.Second {
+				t.Fatalf("negotiated %v", got)
+			}
+			channel(t, conn)
+		})
+	}
+}
+
+// offeredTune logs in as guest at addr and returns the connection.tune it
+// is offered.
+func offeredTune(t *testing.T, addr string) *wire.ConnectionTune {
+	t.Helper()
+	c := rawDial(t, addr)
+	c.raw(wire.ProtocolHeader[:])
+	c.expect(0, wire.IDConnectionStart)
+	c.send(0, &wire.ConnectionStartOk{Mechanism: "PLAIN", Response: []byte("\x00guest\x00guest"), Locale: "en_US"})
+	return c.expect(0, wire.IDConnectionTune).(*wire.ConnectionTune)
+}

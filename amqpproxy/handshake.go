@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"time"
 
@@ -167,6 +168,12 @@ func (s *session) handshake(ctx context.Context) bool {
 	}
 
 	offer := tune
+	switch hb := cfg.Heartbeat; {
+	case hb > 0:
+		offer.Heartbeat = uint16(min(hb/time.Second, math.MaxUint16))
+	case hb < 0:
+		offer.Heartbeat = 0
+	}
 	switch tune.ChannelMax {
 	case 0:
 		offer.ChannelMax = 65534

@@ -36,6 +36,11 @@ type Config struct {
 	// HandshakeTimeout bounds the time from accept to connection.open-ok
 	// (default 10 s, RabbitMQ's).
 	HandshakeTimeout time.Duration
+	// Heartbeat, when positive, is the heartbeat interval (whole seconds)
+	// proposed to clients in connection.tune instead of RabbitMQ's; the
+	// client's tune-ok applies to both hops, so they always agree. Negative
+	// proposes none. Zero relays RabbitMQ's proposal.
+	Heartbeat time.Duration
 	// DialTimeout bounds connecting to RabbitMQ (default 5 s).
 	DialTimeout time.Duration
 	// CloseTimeout bounds waiting for a close-ok, and writing what is queued
