@@ -554,3 +554,24 @@ func closedPort(t testing.TB) string {
 	ln.Close()
 	return port
 }
+
+// TestService_HeartbeatFlagReachesClients: --heartbeat is what the proxy
+// proposes; amqp091-go (10 s by default) takes the smaller of the two.
+func TestService_HeartbeatFlagReachesClients(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		flag time.Duration
+		want time.Duration
+	}{
+		{7 * time.Second, 7 * time.Second},
+		{0, 10 * time.Second}, // none proposed: the client's own
+	}
+	for _, tt := range tests {
+		t.Run(tt.flag.String(), func(t *testing.T) {
+			tp := startProxy(t, func(c *Config) { c.Heartbeat = tt.flag })
+			if got := tp.dial(t).Config.Heartbeat; got != tt.want {
+				t.Fatalf("negotiated heartbeat %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
