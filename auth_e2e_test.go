@@ -112,6 +112,9 @@ func TestAuth_DelayedPublishNeedsTheUsersPermissions(t *testing.T) {
 	if n := tp.pending(t, noEx); n != 0 {
 		t.Errorf("refused exchange holds %d messages, want 0", n)
 	}
+	if n := tp.metric(t, `delayproxy_messages_refused_total{reason="forbidden"}`); n != 2 {
+		t.Errorf(`messages_refused_total{reason="forbidden"} = %v, want the 2 refused`, n)
+	}
 	// The allowed ones are released; the refused ones never were stored,
 	// so only the allowed three can arrive.
 	eventually(t, 15*time.Second, "the allowed messages released", func() bool {

@@ -431,21 +431,24 @@ func TestXDelay_RoutedAtOnce(t *testing.T) {
 }
 
 // TestXDelay_Refused: an x-delay that is not a number, or above
-// --max-delay, closes the channel with 406 naming the header; nothing is
-// stored and the connection stays usable.
+// --max-delay, closes the channel with 406 naming the header, as does a body
+// above --max-message-size; nothing is stored and the connection stays
+// usable.
 func TestXDelay_Refused(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, func(c *Config) { c.MaxDelay = time.Hour })
+	tp := startProxy(t, func(c *Config) { c.MaxDelay, c.MaxMessageSize = time.Hour, 1024 })
 	conn := tp.dial(t)
 	ex := declareDelayed(t, channel(t, conn), "fanout", nil)
 	tests := []struct {
 		name   string
 		value  any
+		body   int // bytes; 0: a short body
 		reason string
 		metric string
 	}{
-		{"not a number", "abc", "x-delay", `delayproxy_messages_refused_total{reason="invalid_delay"}`},
-		{"above max-delay", int64(2 * time.Hour / time.Millisecond), "x-delay 7200000 ms is larger than the maximum delay 3600000 ms", `delayproxy_messages_refused_total{reason="delay_too_long"}`},
+		{"not a number", "abc", 0, "x-delay", `delayproxy_messages_refused_total{reason="invalid_delay"}`},
+		{"above max-delay", int64(2 * time.Hour / time.Millisecond), 0, "x-delay 7200000 ms is larger than the maximum delay 3600000 ms", `delayproxy_messages_refused_total{reason="delay_too_long"}`},
+		{"above max-message-size", 1000, 1025, "message size 1025 is larger than configured max size 1024", `delayproxy_messages_refused_total{reason="too_large"}`},
 	}
 	for _, tt := range tests {
 		for _, confirm := range []bool{false, true} {
@@ -456,7 +459,11 @@ func TestXDelay_Refused(t *testing.T) {
 				}
 			}
 			closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-			publish(t, ch, ex, "", delayedMsg(tt.value, tt.name))
+			m := delayedMsg(tt.value, tt.name)
+			if tt.body > 0 {
+				m.Body = make([]byte, tt.body)
+			}
+			publish(t, ch, ex, "", m)
 			e := closeError(t, closed)
 			if e.Code != amqp.PreconditionFailed || !strings.HasPrefix(e.Reason, "PRECONDITION_FAILED - ") || !strings.Contains(e.Reason, tt.reason) {
 				t.Errorf("%s (confirm %v): channel closed with %d %q, want 406 containing %q", tt.name, confirm, e.Code, e.Reason, tt.reason)

@@ -228,6 +228,8 @@ func (r relayMetrics) Relayed(toUpstream bool, frames, bytes int) {
 	r.Metrics.Relayed(d, frames, bytes)
 }
 
+func (r relayMetrics) PublishTooLarge() { r.Metrics.Refused(metrics.RefusedTooLarge) }
+
 // MaxReleasesInFlight is the most releases published and not yet confirmed by
 // RabbitMQ. It bounds the duplicates a crash can cause (at-least-once).
 const MaxReleasesInFlight = 4096

@@ -73,6 +73,9 @@ type Metrics interface {
 	// Relayed counts frames and bytes relayed from the client to RabbitMQ
 	// (toUpstream) or back.
 	Relayed(toUpstream bool, frames, bytes int)
+	// PublishTooLarge: a publish the Interceptor claimed was refused for a
+	// body above MaxMessageSize.
+	PublishTooLarge()
 }
 
 type noMetrics struct{}
@@ -81,6 +84,7 @@ func (noMetrics) ConnOpened()            {}
 func (noMetrics) ConnClosed()            {}
 func (noMetrics) ChannelsOpened(int)     {}
 func (noMetrics) Relayed(bool, int, int) {}
+func (noMetrics) PublishTooLarge()       {}
 
 // Server accepts AMQP 0-9-1 clients and relays each one to its own
 // connection to RabbitMQ.

@@ -731,6 +731,7 @@ func (s *session) clientContent(ch *Channel, f wire.Frame) bool {
 					Text: fmt.Sprintf("expected content header for class 60, got one for class %d instead", binary.BigEndian.Uint16(f.Payload))})
 				return true
 			case size > uint64(s.srv.cfg.MaxMessageSize):
+				s.srv.cfg.Metrics.PublishTooLarge()
 				ch.closeByProxy(&wire.Error{Code: wire.PreconditionFailed, ClassID: 60, MethodID: 40,
 					Text: fmt.Sprintf("message size %d is larger than configured max size %d", size, s.srv.cfg.MaxMessageSize)})
 				in.pub = nil

@@ -41,8 +41,10 @@ type RefuseReason uint8
 const (
 	RefusedInvalidDelay RefuseReason = iota // x-delay is not a number (406)
 	RefusedDelayTooLong                     // x-delay above --max-delay (406)
-	RefusedTooLarge                         // body above --max-message-size
+	RefusedTooLarge                         // body above --max-message-size (406)
 	RefusedStoreError                       // the store could not take it (nack or channel error)
+	RefusedForbidden                        // RabbitMQ refused the user write or topic permission (403)
+	RefusedUpstream                         // the permission check failed otherwise (404, connection lost)
 	numRefuseReasons
 )
 
@@ -57,6 +59,10 @@ func (r RefuseReason) String() string {
 		return "too_large"
 	case RefusedStoreError:
 		return "store_error"
+	case RefusedForbidden:
+		return "forbidden"
+	case RefusedUpstream:
+		return "upstream_error"
 	}
 	return "unknown"
 }

@@ -311,6 +311,11 @@ func (h *conn) Publish(p *amqpproxy.Publish) {
 	// The proxy releases with its own account: RabbitMQ judges the
 	// client's right to publish here, before anything is stored.
 	if err := h.checkPublish(p.Publish.Exchange, p.Publish.RoutingKey); err != nil {
+		reason := metrics.RefusedUpstream
+		if code, _ := replyOf(err); code == wire.AccessRefused {
+			reason = metrics.RefusedForbidden
+		}
+		h.i.cfg.Metrics.Refused(reason)
 		closePublish(p, err)
 		return
 	}
