@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
-	"github.com/delayproxy/delayproxy/internal/crashtest"
+	"github.com/delayproxy/delayproxy/internal/rawamqp"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
@@ -41,9 +41,9 @@ func addrOf(t testing.TB, rawURL string) string {
 
 // rawDialT dials addr raw, with a 20 s deadline on everything; closed in
 // t.Cleanup.
-func rawDialT(t testing.TB, addr string) *crashtest.RawConn {
+func rawDialT(t testing.TB, addr string) *rawamqp.Conn {
 	t.Helper()
-	c, err := crashtest.DialRaw(addr, 5*time.Second)
+	c, err := rawamqp.Dial(addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func isHangup(err error) bool {
 
 // awaitHangup reads until the peer closes the socket, ignoring what it
 // sends (connection.start, heartbeats), and returns how long that took.
-func awaitHangup(t testing.TB, c *crashtest.RawConn) time.Duration {
+func awaitHangup(t testing.TB, c *rawamqp.Conn) time.Duration {
 	t.Helper()
 	start := time.Now()
 	buf := make([]byte, 4096)
@@ -84,22 +84,22 @@ func TestReliabilityHostile_HandshakeTimeout(t *testing.T) {
 	const timeout = time.Second
 	tp := startProxy(t, func(c *Config) { c.HandshakeTimeout = timeout })
 	addr := addrOf(t, tp.URL())
-	startOk := func(c *crashtest.RawConn) error {
+	startOk := func(c *rawamqp.Conn) error {
 		return c.Send(0, &wire.ConnectionStartOk{Mechanism: "PLAIN", Response: []byte("\x00guest\x00guest"), Locale: "en_US"})
 	}
 	cases := []struct {
 		name string
-		send func(c *crashtest.RawConn) error
+		send func(c *rawamqp.Conn) error
 	}{
-		{"nothing at all", func(*crashtest.RawConn) error { return nil }},
-		{"protocol header then nothing", func(c *crashtest.RawConn) error { return c.Raw(wire.ProtocolHeader[:]) }},
-		{"start-ok then nothing", func(c *crashtest.RawConn) error {
+		{"nothing at all", func(*rawamqp.Conn) error { return nil }},
+		{"protocol header then nothing", func(c *rawamqp.Conn) error { return c.Raw(wire.ProtocolHeader[:]) }},
+		{"start-ok then nothing", func(c *rawamqp.Conn) error {
 			if err := c.Raw(wire.ProtocolHeader[:]); err != nil {
 				return err
 			}
 			return startOk(c)
 		}},
-		{"tune-ok, no open", func(c *crashtest.RawConn) error {
+		{"tune-ok, no open", func(c *rawamqp.Conn) error {
 			if err := c.Raw(wire.ProtocolHeader[:]); err != nil {
 				return err
 			}
@@ -108,7 +108,7 @@ func TestReliabilityHostile_HandshakeTimeout(t *testing.T) {
 			}
 			return c.Send(0, &wire.ConnectionTuneOk{ChannelMax: 10, FrameMax: 131072})
 		}},
-		{"header one byte every 300 ms", func(c *crashtest.RawConn) error {
+		{"header one byte every 300 ms", func(c *rawamqp.Conn) error {
 			for _, b := range wire.ProtocolHeader[:4] {
 				if err := c.Raw([]byte{b}); err != nil {
 					return nil // dropped already
@@ -138,7 +138,7 @@ func TestReliabilityHostile_HandshakeTimeout(t *testing.T) {
 
 // closeAnswer is how a server answered hostile input: a connection.close
 // code, or 0 when it hung up without one.
-func closeAnswer(t testing.TB, c *crashtest.RawConn) (uint16, string) {
+func closeAnswer(t testing.TB, c *rawamqp.Conn) (uint16, string) {
 	t.Helper()
 	cm, err := c.CloseReply()
 	if err != nil {
@@ -166,7 +166,7 @@ func TestReliabilityHostile_HugeFrame(t *testing.T) {
 	} {
 		t.Run("after handshake/"+target.name, func(t *testing.T) {
 			c := rawDialT(t, target.addr)
-			if err := c.Open(crashtest.Login{}); err != nil {
+			if err := c.Open(rawamqp.Login{}); err != nil {
 				t.Fatal(err)
 			}
 			var before, after runtime.MemStats
@@ -247,7 +247,7 @@ func TestReliabilityHostile_Garbage(t *testing.T) {
 			var answers [2]string
 			for i, addr := range []string{addrOf(t, testbroker.URL(t)), addrOf(t, tp.URL())} {
 				c := rawDialT(t, addr)
-				if err := c.Open(crashtest.Login{}); err != nil {
+				if err := c.Open(rawamqp.Login{}); err != nil {
 					t.Fatal(err)
 				}
 				if err := c.Raw(tc.data); err != nil && !isHangup(err) {

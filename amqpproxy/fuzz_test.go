@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/rawamqp"
 )
 
 // FuzzClientFrames sends arbitrary bytes after a completed handshake, to a
@@ -72,5 +73,5 @@ func (c *captureClient) Write(p []byte) (int, error) {
 }
 
 func (c *captureClient) rawClient() *rawClient {
-	return &rawClient{t: &testing.T{}, w: wire.NewWriter(c)}
+	return &rawClient{t: &testing.T{}, Conn: &rawamqp.Conn{W: wire.NewWriter(c)}}
 }

@@ -2,7 +2,6 @@ package amqpproxy
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/url"
@@ -10,27 +9,29 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/rawamqp"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
-// rawClient speaks AMQP frame by frame, for what amqp091-go will not do:
-// malformed frames, frame order checks, capabilities, silence.
+// rawClient is a rawamqp.Conn that fails the test on errors, for what
+// amqp091-go will not do: malformed frames, frame order checks,
+// capabilities, silence.
 type rawClient struct {
 	t testing.TB
+	*rawamqp.Conn
 	c net.Conn
 	r *wire.Reader
-	w *wire.Writer
 }
 
 func rawDial(t testing.TB, addr string) *rawClient {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	rc, err := rawamqp.Dial(addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	return &rawClient{t: t, c: c, r: wire.NewReader(c, 1<<20), w: wire.NewWriter(c)}
+	t.Cleanup(func() { rc.Close() })
+	rc.C.SetDeadline(time.Now().Add(20 * time.Second))
+	return &rawClient{t: t, Conn: rc, c: rc.C, r: rc.R}
 }
 
 // brokerAddr is the test broker's host:port.
@@ -47,22 +48,23 @@ func brokerAddr(t testing.TB) string {
 
 func (c *rawClient) raw(b []byte) {
 	c.t.Helper()
-	if _, err := c.w.Write(b); err != nil {
-		c.t.Fatal(err)
-	}
-	if err := c.w.Flush(); err != nil {
+	if err := c.Raw(b); err != nil {
 		c.t.Fatal(err)
 	}
 }
 
 func (c *rawClient) frame(typ uint8, ch uint16, payload []byte) {
 	c.t.Helper()
-	c.raw(wire.AppendFrame(nil, wire.Frame{Type: typ, Channel: ch, Payload: payload}))
+	if err := c.Frame(typ, ch, payload); err != nil {
+		c.t.Fatal(err)
+	}
 }
 
 func (c *rawClient) send(ch uint16, m wire.Method) {
 	c.t.Helper()
-	c.raw(methodFrame(nil, ch, m))
+	if err := c.Send(ch, m); err != nil {
+		c.t.Fatal(err)
+	}
 }
 
 // header sends a basic content header with the given body size and no
@@ -74,32 +76,14 @@ func (c *rawClient) header(ch uint16, size uint64) {
 
 // next returns the next frame that is not a heartbeat, with its method
 // decoded when it is a method frame.
-func (c *rawClient) next() (wire.Frame, wire.Method, error) {
-	for {
-		f, err := c.r.ReadFrame()
-		if err != nil {
-			return f, nil, err
-		}
-		switch f.Type {
-		case wire.FrameHeartbeat:
-			continue
-		case wire.FrameMethod:
-			m, err := wire.DecodeMethod(f.Payload)
-			return f, m, err
-		}
-		return f, nil, nil
-	}
-}
+func (c *rawClient) next() (wire.Frame, wire.Method, error) { return c.Next() }
 
 // expect reads the next frame and fails unless it is method id on channel ch.
 func (c *rawClient) expect(ch uint16, id wire.MethodID) wire.Method {
 	c.t.Helper()
-	f, m, err := c.next()
+	m, err := c.Expect(ch, id)
 	if err != nil {
-		c.t.Fatalf("want %v on channel %d: %v", id, ch, err)
-	}
-	if m == nil || m.ID() != id || f.Channel != ch {
-		c.t.Fatalf("want %v on channel %d, got frame type %d on channel %d: %#v", id, ch, f.Type, f.Channel, m)
+		c.t.Fatal(err)
 	}
 	return m
 }
@@ -116,43 +100,8 @@ type rawLogin struct {
 // returns (open-ok, or connection.close).
 func (c *rawClient) login(l rawLogin) (wire.Method, error) {
 	c.t.Helper()
-	if l.user == "" {
-		l.user = "guest"
-	}
-	if l.pass == "" {
-		l.pass = "guest"
-	}
-	if l.vhost == "" {
-		l.vhost = "/"
-	}
-	c.raw(wire.ProtocolHeader[:])
-	if _, m, err := c.next(); err != nil || m.ID() != wire.IDConnectionStart {
-		return m, fmt.Errorf("start: %v %v", m, err)
-	}
-	props, err := wire.EncodeTable(l.props)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	c.send(0, &wire.ConnectionStartOk{ClientProperties: props, Mechanism: "PLAIN",
-		Response: []byte("\x00" + l.user + "\x00" + l.pass), Locale: "en_US"})
-	_, m, err := c.next()
-	if err != nil {
-		return nil, err
-	}
-	tune, ok := m.(*wire.ConnectionTune)
-	if !ok {
-		return m, nil
-	}
-	if l.channelMax == 0 {
-		l.channelMax = tune.ChannelMax
-	}
-	if l.frameMax == 0 {
-		l.frameMax = tune.FrameMax
-	}
-	c.send(0, &wire.ConnectionTuneOk{ChannelMax: l.channelMax, FrameMax: l.frameMax, Heartbeat: l.heartbeat})
-	c.send(0, &wire.ConnectionOpen{VirtualHost: l.vhost})
-	_, m, err = c.next()
-	return m, err
+	return c.Handshake(rawamqp.Login{User: l.user, Pass: l.pass, VHost: l.vhost,
+		ChannelMax: l.channelMax, FrameMax: l.frameMax, Heartbeat: l.heartbeat, Properties: l.props})
 }
 
 // open logs in as guest and fails unless the connection opens.

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy/internal/rawamqp"
 )
 
 // Load is what each client connection does during a load run: on one
@@ -231,8 +233,8 @@ func runConn(ctx context.Context, c *amqp.Connection, l Load, name string) (Load
 // off, no channel), at most 32 handshakes at a time. They cost this process
 // a socket each and no goroutine, so the memory a proxy in the same process
 // gains is the proxy's own.
-func OpenIdle(addr string, n int, l Login) ([]*RawConn, error) {
-	conns := make([]*RawConn, n)
+func OpenIdle(addr string, n int, l rawamqp.Login) ([]*rawamqp.Conn, error) {
+	conns := make([]*rawamqp.Conn, n)
 	sem := make(chan struct{}, 32)
 	var wg sync.WaitGroup
 	var mu sync.Mutex // guards first
@@ -241,7 +243,7 @@ func OpenIdle(addr string, n int, l Login) ([]*RawConn, error) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			c, err := DialRaw(addr, 30*time.Second)
+			c, err := rawamqp.Dial(addr, 30*time.Second)
 			if err == nil {
 				c.C.SetDeadline(time.Now().Add(30 * time.Second))
 				if err = c.Open(l); err != nil {
@@ -272,7 +274,7 @@ func OpenIdle(addr string, n int, l Login) ([]*RawConn, error) {
 }
 
 // CloseIdle closes raw connections (nil entries skipped).
-func CloseIdle(conns []*RawConn) {
+func CloseIdle(conns []*rawamqp.Conn) {
 	for _, c := range conns {
 		if c != nil {
 			c.Close()

@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/delayproxy/delayproxy/internal/rawamqp"
 )
 
 // Counts are process-wide counters at one moment.
@@ -69,7 +71,7 @@ func MeasureLoad(proxyURL, name string, n int, l Load, d time.Duration) (LoadRep
 	heap0, stack0 := Mem()
 	rss0 := RSS()
 	g0 := runtime.NumGoroutine()
-	idle, err := OpenIdle(u.Host, n, Login{User: u.User.Username(), Pass: password(u)})
+	idle, err := OpenIdle(u.Host, n, rawamqp.Login{User: u.User.Username(), Pass: password(u)})
 	if err != nil {
 		return rep, err
 	}
