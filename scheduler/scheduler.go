@@ -511,7 +511,7 @@ func (s *Scheduler) storeError(op string, err error) {
 	s.loadAfter = s.clock.Now().Add(s.opts.RetryBackoffMin)
 }
 
-// dispatch hands due keys to release goroutines while limits allow.
+// dispatch hands due keys to the release pipeline while limits allow.
 func (s *Scheduler) dispatch(now time.Time) {
 	if now.Before(s.holdUntil) {
 		return
