@@ -1,7 +1,6 @@
 package delayproxy
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -14,7 +13,6 @@ import (
 	"net/url"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -610,26 +608,18 @@ func (tp *testProxy) listPending(t testing.TB, exchange string) []pendingMessage
 	}
 }
 
-// metric reads one unlabelled sample from the proxy's /metrics.
-func (tp *testProxy) metric(t testing.TB, name string) float64 {
+// metric reads one series from the proxy's /metrics: a family name, with
+// labels in braces as the text format writes them (name{k="v",...}).
+func (tp *testProxy) metric(t testing.TB, series string) float64 {
 	t.Helper()
-	code, body := tp.httpDo(t, http.MethodGet, "/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("GET /metrics: %d", code)
-	}
-	sc := bufio.NewScanner(strings.NewReader(string(body)))
-	for sc.Scan() {
-		line := sc.Text()
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatalf("metric %s: %q: %v", name, line, err)
-			}
-			return f
+	name, rest, _ := strings.Cut(series, "{")
+	var labels []string
+	for pair := range strings.SplitSeq(strings.TrimSuffix(rest, "}"), ",") {
+		if k, v, ok := strings.Cut(pair, "="); ok {
+			labels = append(labels, k, strings.Trim(v, `"`))
 		}
 	}
-	t.Fatalf("metric %s not in /metrics", name)
-	return 0
+	return scrape(t, tp).get(t, name, labels...)
 }
 
 // drain gets every message from queue on the broker with basic.get, until
