@@ -69,7 +69,7 @@ func MeasureLoad(proxyURL, name string, n int, l Load, d time.Duration) (LoadRep
 	rep.AfterActive = settle(rep.Baseline)
 
 	heap0, stack0 := Mem()
-	rss0 := RSS()
+	rss0 := FloorRSS()
 	g0 := runtime.NumGoroutine()
 	idle, err := OpenIdle(u.Host, n, rawamqp.Login{User: u.User.Username(), Pass: password(u)})
 	if err != nil {
@@ -77,7 +77,7 @@ func MeasureLoad(proxyURL, name string, n int, l Load, d time.Duration) (LoadRep
 	}
 	g1 := Steady(runtime.NumGoroutine)
 	heap1, stack1 := Mem()
-	rss1 := RSS()
+	rss1 := FloorRSS()
 	CloseIdle(idle)
 	rep.IdleGoroutines = float64(g1-g0) / float64(n)
 	rep.IdleGoBytes = (float64(heap1+stack1) - float64(heap0+stack0)) / float64(n)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -45,6 +46,15 @@ func Mem() (heapInuse, stackInuse uint64) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.HeapInuse, ms.StackInuse
+}
+
+// FloorRSS is RSS after a collection that returns all free memory to the
+// OS, so that two readings differ by what is in use, not by what the
+// scavenger happened to give back in between.
+func FloorRSS() int64 {
+	runtime.GC()
+	debug.FreeOSMemory()
+	return RSS()
 }
 
 // Settle polls until f() <= want, for at most d, and returns the last
