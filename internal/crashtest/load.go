@@ -47,6 +47,28 @@ type Clients struct {
 // a time, named name-0 ... name-(n-1). On error the ones opened are closed.
 func OpenClients(url, name string, n int) (*Clients, error) {
 	cs := &Clients{name: name, conns: make([]*amqp.Connection, n)}
+	err := openEach(n, func(i int) error {
+		c, err := amqp.DialConfig(url, amqp.Config{
+			Properties: amqp.Table{"connection_name": name + "-" + strconv.Itoa(i)},
+			Dial:       amqp.DefaultDial(30 * time.Second),
+		})
+		if err != nil {
+			return fmt.Errorf("connection %d: %w", i, err)
+		}
+		cs.conns[i] = c
+		return nil
+	})
+	if err != nil {
+		cs.Close()
+		return nil, err
+	}
+	return cs, nil
+}
+
+// openEach calls open(i) for i in [0, n), at most 32 at a time (a burst of
+// handshakes beyond that only queues in RabbitMQ), and returns the first
+// error.
+func openEach(n int, open func(i int) error) error {
 	sem := make(chan struct{}, 32)
 	var wg sync.WaitGroup
 	var mu sync.Mutex // guards first
@@ -55,27 +77,17 @@ func OpenClients(url, name string, n int) (*Clients, error) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			c, err := amqp.DialConfig(url, amqp.Config{
-				Properties: amqp.Table{"connection_name": name + "-" + strconv.Itoa(i)},
-				Dial:       amqp.DefaultDial(30 * time.Second),
-			})
-			if err != nil {
+			if err := open(i); err != nil {
 				mu.Lock()
 				if first == nil {
-					first = fmt.Errorf("connection %d: %w", i, err)
+					first = err
 				}
 				mu.Unlock()
-				return
 			}
-			cs.conns[i] = c
 		})
 	}
 	wg.Wait()
-	if first != nil {
-		cs.Close()
-		return nil, first
-	}
-	return cs, nil
+	return first
 }
 
 // Len is the number of connections.
@@ -235,40 +247,27 @@ func runConn(ctx context.Context, c *amqp.Connection, l Load, name string) (Load
 // gains is the proxy's own.
 func OpenIdle(addr string, n int, l rawamqp.Login) ([]*rawamqp.Conn, error) {
 	conns := make([]*rawamqp.Conn, n)
-	sem := make(chan struct{}, 32)
-	var wg sync.WaitGroup
-	var mu sync.Mutex // guards first
-	var first error
-	for i := range n {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			c, err := rawamqp.Dial(addr, 30*time.Second)
-			if err == nil {
-				c.C.SetDeadline(time.Now().Add(30 * time.Second))
-				if err = c.Open(l); err != nil {
-					c.Close()
-				}
-				c.C.SetDeadline(time.Time{})
+	err := openEach(n, func(i int) error {
+		c, err := rawamqp.Dial(addr, 30*time.Second)
+		if err == nil {
+			c.C.SetDeadline(time.Now().Add(30 * time.Second))
+			if err = c.Open(l); err != nil {
+				c.Close()
 			}
-			if err != nil {
-				mu.Lock()
-				if first == nil {
-					first = fmt.Errorf("idle connection %d: %w", i, err)
-				}
-				mu.Unlock()
-				return
-			}
-			// Drop the 64 KiB write buffer and the read buffer: an
-			// idle client needs neither.
-			c.R, c.W = nil, nil
-			conns[i] = c
-		})
-	}
-	wg.Wait()
-	if first != nil {
+			c.C.SetDeadline(time.Time{})
+		}
+		if err != nil {
+			return fmt.Errorf("idle connection %d: %w", i, err)
+		}
+		// Drop the 64 KiB write buffer and the read buffer: an idle
+		// client needs neither.
+		c.R, c.W = nil, nil
+		conns[i] = c
+		return nil
+	})
+	if err != nil {
 		CloseIdle(conns)
-		return nil, first
+		return nil, err
 	}
 	return conns, nil
 }
