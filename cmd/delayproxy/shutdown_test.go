@@ -504,15 +504,7 @@ func dialStalled(t *testing.T, p *proc, mute bool) {
 // the process past the grace period; it exits 0.
 func TestShutdown_UnansweredCloseStillExits(t *testing.T) {
 	t.Parallel()
-	p := startProc(t, t.TempDir(), map[string]string{"DELAYPROXY_SHUTDOWN_GRACE": "15s"})
-	dialStalled(t, p, false)
-	sent := time.Now()
-	p.signal(t, syscall.SIGTERM)
-	code := p.wait(t, 60*time.Second)
-	took := time.Since(sent)
-	if code != 0 {
-		t.Errorf("exit %d, want 0; log: %s", code, p.log)
-	}
+	p, took := termWithStalledClient(t, false)
 	if took > 15*time.Second {
 		t.Errorf("exit %v after SIGTERM, beyond the 15s grace", took)
 	}
@@ -522,14 +514,14 @@ func TestShutdown_UnansweredCloseStillExits(t *testing.T) {
 	t.Logf("exit %v after SIGTERM with a client that never answers connection.close", took.Round(time.Millisecond))
 }
 
-// TestShutdown_SilentClientHeldOnlyForCloseTimeout: a client that goes
-// silent (no close-ok, no heartbeat) holds the shutdown for amqpproxy's
-// close timeout (3 s), not until its idle timeout (2 x heartbeat) or the
-// grace period.
-func TestShutdown_SilentClientHeldOnlyForCloseTimeout(t *testing.T) {
-	t.Parallel()
+// termWithStalledClient runs the proxy with a 15 s grace period and a
+// client that never answers connection.close (silent: nor sends
+// heartbeats), sends SIGTERM and returns how long the exit took; the exit
+// status must be 0.
+func termWithStalledClient(t *testing.T, silent bool) (*proc, time.Duration) {
+	t.Helper()
 	p := startProc(t, t.TempDir(), map[string]string{"DELAYPROXY_SHUTDOWN_GRACE": "15s"})
-	dialStalled(t, p, true)
+	dialStalled(t, p, silent)
 	sent := time.Now()
 	p.signal(t, syscall.SIGTERM)
 	code := p.wait(t, 60*time.Second)
@@ -537,6 +529,16 @@ func TestShutdown_SilentClientHeldOnlyForCloseTimeout(t *testing.T) {
 	if code != 0 {
 		t.Errorf("exit %d, want 0; log: %s", code, p.log)
 	}
+	return p, took
+}
+
+// TestShutdown_SilentClientHeldOnlyForCloseTimeout: a client that goes
+// silent (no close-ok, no heartbeat) holds the shutdown for amqpproxy's
+// close timeout (3 s), not until its idle timeout (2 x heartbeat) or the
+// grace period.
+func TestShutdown_SilentClientHeldOnlyForCloseTimeout(t *testing.T) {
+	t.Parallel()
+	p, took := termWithStalledClient(t, true)
 	if took > 10*time.Second || strings.Contains(p.log.String(), "after the grace period") {
 		t.Errorf("a silent client held the shutdown %v (close timeout 3s, heartbeat 10s, grace 15s); log: %s", took, p.log)
 	}
