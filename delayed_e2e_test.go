@@ -349,10 +349,7 @@ func TestXDelay_Types(t *testing.T) {
 	}
 	tp := startProxy(t, nil)
 	ch := confirmChannel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
-	cons := consume(t, dialBroker(t), q)
+	ex, _, cons := delayedFanout(t, ch)
 	sent := map[string]time.Time{}
 	for _, tt := range tests {
 		sent[tt.name] = time.Now()
@@ -394,10 +391,7 @@ func TestXDelay_RoutedAtOnce(t *testing.T) {
 	}
 	tp := startProxy(t, nil)
 	ch := confirmChannel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
-	cons := consume(t, dialBroker(t), q)
+	ex, _, cons := delayedFanout(t, ch)
 	for _, tt := range tests {
 		publishConfirmed(t, ch, ex, "", false, amqp.Publishing{Headers: tt.headers, MessageId: tt.name})
 	}
@@ -609,10 +603,7 @@ func TestConfirm_AfterStore(t *testing.T) {
 	tp := startProxy(t, nil)
 	conn := tp.dial(t)
 	ch := confirmChannel(t, conn)
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
-	cons := consume(t, dialBroker(t), q)
+	ex, _, cons := delayedFanout(t, ch)
 
 	for i := range 20 {
 		publishConfirmed(t, ch, ex, "", false, delayedMsg(int32(3_600_000), fmt.Sprint("c", i)))
@@ -641,10 +632,7 @@ func TestTx_StoredAtCommit(t *testing.T) {
 	tp := startProxy(t, nil)
 	conn := tp.dial(t)
 	ch := channel(t, conn)
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
-	cons := consume(t, dialBroker(t), q)
+	ex, q, cons := delayedFanout(t, ch)
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
 	}
@@ -785,10 +773,7 @@ func TestExchangeDelete_DiscardsPending(t *testing.T) {
 	tp := startProxy(t, nil)
 	conn := tp.dial(t)
 	ch := confirmChannel(t, conn)
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
-	cons := consume(t, dialBroker(t), q)
+	ex, q, cons := delayedFanout(t, ch)
 	for i := range 5 {
 		publishConfirmed(t, ch, ex, "", false, delayedMsg(int32(600), fmt.Sprint("old", i)))
 	}
@@ -830,10 +815,7 @@ func TestRelease_MixedDelaysInDueOrder(t *testing.T) {
 	const n = 400
 	tp := startProxy(t, nil)
 	ch := confirmChannel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
-	cons := consume(t, dialBroker(t), q)
+	ex, _, cons := delayedFanout(t, ch)
 
 	type sent struct {
 		delay     time.Duration

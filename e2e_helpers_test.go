@@ -421,6 +421,16 @@ type consumer struct {
 	done chan struct{} // closed when the delivery channel closed
 }
 
+// delayedFanout declares a delayed fanout exchange through ch and a queue
+// bound to it, consumed straight from RabbitMQ.
+func delayedFanout(t testing.TB, ch *amqp.Channel) (ex, q string, cons *consumer) {
+	t.Helper()
+	ex = declareDelayed(t, ch, "fanout", nil)
+	q = declareQueue(t, nil)
+	bind(t, q, "", ex, nil)
+	return ex, q, consume(t, dialBroker(t), q)
+}
+
 // consume starts an auto-ack consumer on queue over conn (through the proxy
 // or straight to the broker); it stops with the connection.
 func consume(t testing.TB, conn *amqp.Connection, queue string) *consumer {
@@ -531,20 +541,7 @@ func closeError(t testing.TB, closed <-chan *amqp.Error) *amqp.Error {
 // and body.
 func (tp *testProxy) httpDo(t testing.TB, method, path string) (int, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, tp.HTTP()+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	return resp.StatusCode, body
+	return authDo(t, tp, method, path, "")
 }
 
 // exchangePath is the admin API path of a delayed exchange in vhost "/".
