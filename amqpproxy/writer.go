@@ -254,16 +254,12 @@ func (w *writer) state(ch *Channel) *outState {
 // write writes one item, holding back the proxy's own frames while their
 // channel is mid-content on this hop.
 func (w *writer) write(it *outItem) error {
-	if it.ch == nil {
-		if it.kind == itemRelay {
-			w.frames++
-			w.bytes += len(it.buf)
-		}
-		return w.frame(it.buf)
-	}
 	if it.kind == itemRelay {
 		w.frames++
 		w.bytes += len(it.buf)
+	}
+	if it.ch == nil {
+		return w.frame(it.buf)
 	}
 	st := w.state(it.ch)
 	if it.kind == itemRelay {
