@@ -109,6 +109,35 @@ func newConfirmedPublisher(b *testing.B, u string, window int) *confirmedPublish
 	return &confirmedPublisher{ch: ch, confirms: ch.NotifyPublish(make(chan amqp.Confirmation, window)), window: window}
 }
 
+// newConfirmedPublishers opens n confirmed publishers, each on its own
+// connection.
+func newConfirmedPublishers(b *testing.B, u string, n, window int) []*confirmedPublisher {
+	b.Helper()
+	pubs := make([]*confirmedPublisher, n)
+	for i := range pubs {
+		pubs[i] = newConfirmedPublisher(b, u, window)
+	}
+	return pubs
+}
+
+// publishShared publishes messages msg(0) to msg(n-1) over pubs in
+// parallel, each publisher taking a contiguous share in order, and returns
+// when all are confirmed.
+func publishShared(b *testing.B, pubs []*confirmedPublisher, exchange, key string, n int, msg func(i int) amqp.Publishing) {
+	var wg sync.WaitGroup
+	from := 0
+	for i, p := range pubs {
+		share := n / len(pubs)
+		if i < n%len(pubs) {
+			share++
+		}
+		base := from
+		wg.Go(func() { p.publishN(b, exchange, key, share, func(j int) amqp.Publishing { return msg(base + j) }) })
+		from += share
+	}
+	wg.Wait()
+}
+
 // publishN publishes n messages made by msg, keeping the window full, and
 // returns when all are confirmed.
 func (p *confirmedPublisher) publishN(b *testing.B, exchange, key string, n int, msg func(i int) amqp.Publishing) {
@@ -170,24 +199,14 @@ func BenchmarkDelayedPublish_ProxyVsDirect(b *testing.B) {
 		if s.name == "proxy" {
 			u = proxied
 		}
-		for range publishers {
-			s.pubs = append(s.pubs, newConfirmedPublisher(b, u, window))
-		}
+		s.pubs = newConfirmedPublishers(b, u, publishers, window)
 	}
 	b.ResetTimer()
 	for done := 0; done < b.N; done += round {
 		n := min(round, b.N-done)
 		for _, s := range sides {
 			start := time.Now()
-			var wg sync.WaitGroup
-			for i, p := range s.pubs {
-				share := n / publishers
-				if i < n%publishers {
-					share++
-				}
-				wg.Go(func() { p.publishN(b, s.exchange, s.key, share, func(int) amqp.Publishing { return s.msg }) })
-			}
-			wg.Wait()
+			publishShared(b, s.pubs, s.exchange, s.key, n, func(int) amqp.Publishing { return s.msg })
 			s.elapsed += time.Since(start)
 		}
 		if b.Failed() {
@@ -225,10 +244,14 @@ func BenchmarkDelayedPublish_ProxyVsDirect(b *testing.B) {
 //
 // x-delay is whole milliseconds and neither way may release early, so the
 // publisher rounds each delay up and the proxy rounds its due time up: the
-// proxy's stored due is on average 1 ms (at most 2 ms) after due(k). The
-// publisher keeps 16 messages in flight: with 256, messages waited up to
-// several ms in the proxy's socket behind a backlog of publishes, and that
-// wait, counted from the publisher's clock, showed up as lateness.
+// proxy's stored due is on average 1 ms (at most 2 ms) after due(k).
+//
+// Four publishers on their own connections keep 16 messages in flight
+// each. With 256, messages waited up to several ms in the proxy's socket
+// behind a backlog of publishes, and that wait, counted from the
+// publisher's clock, showed up as lateness. With one publisher, each group
+// commit held about 8 messages, and publishing sometimes ran past the first
+// due time.
 func BenchmarkRelease_Lateness10k(b *testing.B) {
 	b.Run("proxy", func(b *testing.B) { benchLateness(b, latenessProxy) })
 	b.Run("ttl-dlx", func(b *testing.B) { benchLateness(b, latenessTTL) })
@@ -261,14 +284,15 @@ const (
 func benchLateness(b *testing.B, mode int) {
 	viaProxy := mode == latenessProxy
 	const (
-		n      = 30_000
-		perSec = 10_000
-		window = 16 // see BenchmarkRelease_Lateness10k
+		n          = 30_000
+		perSec     = 10_000
+		publishers = 4  // on their own connections, for larger group commits
+		window     = 16 // per publisher; see BenchmarkRelease_Lateness10k
 	)
 	direct := testbroker.URL(b)
 	admin := dialChannel(b, direct)
 	work := benchQueue(b, admin)
-	var pub *confirmedPublisher
+	var pubs []*confirmedPublisher
 	var exchange, key, proxyHTTP string
 	if viaProxy {
 		var proxied string
@@ -278,7 +302,7 @@ func benchLateness(b *testing.B, mode int) {
 		if err := admin.QueueBind(work, key, exchange, false, nil); err != nil {
 			b.Fatal(err)
 		}
-		pub = newConfirmedPublisher(b, proxied, window)
+		pubs = newConfirmedPublishers(b, proxied, publishers, window)
 	} else if mode == latenessTTL {
 		wait, err := admin.QueueDeclare(fmt.Sprintf("dp-bench.wait.%d", time.Now().UnixNano()), true, false, false, false,
 			amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": work})
@@ -287,7 +311,7 @@ func benchLateness(b *testing.B, mode int) {
 		}
 		b.Cleanup(func() { admin.QueueDelete(wait.Name, false, false, false) })
 		key = wait.Name
-		pub = newConfirmedPublisher(b, direct, window)
+		pubs = newConfirmedPublishers(b, direct, publishers, window)
 	}
 
 	var paced *amqp.Channel // latenessPaced*: confirms are not waited for
@@ -338,7 +362,7 @@ func benchLateness(b *testing.B, mode int) {
 			}
 			go publishPaced(b, paced, confirmed, work, n, at)
 		} else {
-			pub.publishN(b, exchange, key, n, func(i int) amqp.Publishing {
+			publishShared(b, pubs, exchange, key, n, func(i int) amqp.Publishing {
 				k := order[i]
 				// Rounded up, so that neither way may release before due(k).
 				ms := strconv.FormatInt(int64((time.Until(due(k))+time.Millisecond-1)/time.Millisecond), 10)
