@@ -87,15 +87,22 @@ func TestFaultBrokerStopDuringRelease(t *testing.T) {
 	eventually(t, 20*time.Second, "releases to begin", func() bool { return queueDepth(t, q) > 0 })
 	pendingBefore := tp.pending(t, ex)
 	stopBroker(t) // takes a few seconds
+	// Releases RabbitMQ confirmed before it stopped leave the store after
+	// the delete linger; nothing is confirmed from here on.
+	time.Sleep(2*ReleaseDeleteLinger + 100*time.Millisecond)
 	pendingAtStop := tp.pending(t, ex)
+	releasedAtStop := tp.metric(t, "delayproxy_messages_released_total")
 	// Stay down until messages have been due for a second and could not
 	// be released.
 	eventually(t, 30*time.Second, "messages to fall due while RabbitMQ is down", func() bool {
 		due, ok := tp.nextDue(t, ex)
 		return ok && time.Since(due) > time.Second
 	})
-	if p := tp.pending(t, ex); p < pendingAtStop {
-		t.Fatalf("pending fell from %d to %d while RabbitMQ was down", pendingAtStop, p)
+	if p := tp.pending(t, ex); p != pendingAtStop {
+		t.Fatalf("pending went from %d to %d while RabbitMQ was down", pendingAtStop, p)
+	}
+	if r := tp.metric(t, "delayproxy_messages_released_total"); r != releasedAtStop {
+		t.Fatalf("released_total went from %v to %v while RabbitMQ was down", releasedAtStop, r)
 	}
 	startBroker(t)
 	restarted := time.Now()
