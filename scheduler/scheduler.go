@@ -96,7 +96,8 @@ type Options struct {
 	// scheduler's goroutines and must be quick and safe for concurrent use.
 
 	// OnReleased is called for each message RabbitMQ confirmed, with how
-	// long after its due time it was handed to the Releaser.
+	// long after its due time it was published: written, for a
+	// PipelinedReleaser (Publish returned); handed over, for a Releaser.
 	OnReleased func(m *store.Message, lateness time.Duration)
 	// OnDiscarded is called with the number of messages dropped because
 	// their exchange was deleted or re-created.
@@ -593,8 +594,10 @@ func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan []store.Key, wa
 			s.results <- res
 			continue
 		}
-		at := s.clock.Now()
-		waits <- published{res: res, live: live, at: at, wait: publish(ctx, live)}
+		wait := publish(ctx, live)
+		// A PipelinedReleaser has written the batch by now; a plain
+		// Releaser has only been started.
+		waits <- published{res: res, live: live, at: s.clock.Now(), wait: wait}
 	}
 }
 
@@ -602,7 +605,7 @@ func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan []store.Key, wa
 type published struct {
 	res  releaseResult
 	live []*store.Message
-	at   time.Time // when it was handed over
+	at   time.Time // when Publish returned
 	wait func() (confirmed []bool)
 }
 
