@@ -11,7 +11,9 @@ import (
 )
 
 // Check verifies the file (bbolt's page check) and the store's own
-// invariants: every message in the right slot or far bucket, no empty slot,
+// invariants: every message in the right slot or far bucket, no slot
+// without an unreleased message, every released mark on a message of its
+// slot,
 // no far bucket left behind the watermark, the ids index matching the
 // messages both ways, the counters in meta and in memory equal to what is
 // stored, sequence and incarnation counters ahead of every stored value. It
@@ -73,12 +75,12 @@ func (s *Store) check() error {
 				}
 			}
 		}
-		slots := tx.Bucket(bucketSlots)
+		slots, released := tx.Bucket(bucketSlots), tx.Bucket(bucketReleased)
 		if err := slots.ForEachBucket(func(sk []byte) error {
 			idx := int64(beUint64(sk))
+			rb := released.Bucket(sk)
 			n := 0
 			err := slots.Bucket(sk).ForEach(func(f, v []byte) error {
-				n++
 				if len(f) != KeySize {
 					add("slot %d: key %x of %d bytes", idx, f, len(f))
 					return nil
@@ -87,13 +89,38 @@ func (s *Store) check() error {
 				if key.Due()/s.slotMs != idx || key.Due() >= w {
 					add("slot %d: key %x due %d misplaced (watermark %d)", idx, key[:], key.Due(), w)
 				}
+				if rb != nil && rb.Get(key[:]) != nil {
+					// Released: out of the counts and the ids index.
+					if mv, err := viewMessage(v); err == nil && mv.flags&flagMessageID != 0 &&
+						has(ids, idKey(mv.vhost, mv.exchange, mv.messageID, key)) {
+						add("slot %d key %x: released, but its ids entry is left", idx, key[:])
+					}
+					return nil
+				}
+				n++
 				message(fmt.Sprintf("slot %d", idx), key, v)
 				return nil
 			})
 			if n == 0 {
-				add("slot %d is empty", idx)
+				add("slot %d holds no unreleased message", idx)
 			}
 			return err
+		}); err != nil {
+			return err
+		}
+		if err := released.ForEachBucket(func(sk []byte) error {
+			idx := int64(beUint64(sk))
+			bk := slots.Bucket(sk)
+			if bk == nil {
+				add("released bucket %d has no slot", idx)
+				return nil
+			}
+			return released.Bucket(sk).ForEach(func(k, _ []byte) error {
+				if len(k) != KeySize || bk.Get(storedKey(Key(k))) == nil {
+					add("released bucket %d: key %x is not in its slot", idx, k)
+				}
+				return nil
+			})
 		}); err != nil {
 			return err
 		}

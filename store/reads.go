@@ -46,14 +46,19 @@ func (s *Store) Get(keys []Key) ([]*Message, error) {
 	return out, nil
 }
 
-// lookup finds the stored value of k in tx (nil if absent).
+// lookup finds the stored value of k in tx (nil if absent or released).
 func (s *Store) lookup(tx *bolt.Tx, w int64, k Key) []byte {
 	due := k.Due()
 	if due < w {
-		if bk := tx.Bucket(bucketSlots).Bucket(s.slotKey(due)); bk != nil {
-			return bk.Get(storedKey(k))
+		sk := s.slotKey(due)
+		bk := tx.Bucket(bucketSlots).Bucket(sk)
+		if bk == nil {
+			return nil
 		}
-		return nil
+		if rb := tx.Bucket(bucketReleased).Bucket(sk); rb != nil && rb.Get(k[:]) != nil {
+			return nil
+		}
+		return bk.Get(storedKey(k))
 	}
 	if bk := tx.Bucket(bucketFar).Bucket(s.farBucketKey(due)); bk != nil {
 		return bk.Get(storedKey(k))
@@ -124,14 +129,15 @@ type slotEntry struct {
 	v []byte
 }
 
-// scanSlots calls fn for every slot entry due in [from, until) in key order
-// and returns fn's first error as is. A slot holds its keys in sequence
-// order, so each slot is read whole and ordered in memory: memory is bounded
-// by the messages due within one slot width, not by the pending count. The
-// order comes from a heap popped as fn consumes, so a caller that stops
-// early (ErrStop after a chunk) pays O(slot) per call, not a full sort.
+// scanSlots calls fn for every slot entry due in [from, until) in key order,
+// released ones left out, and returns fn's first error as is. A slot holds
+// its keys in sequence order, so each slot is read whole and ordered in
+// memory: memory is bounded by the messages due within one slot width, not
+// by the pending count. The order comes from a heap popped as fn consumes,
+// so a caller that stops early (ErrStop after a chunk) pays O(slot) per
+// call, not a full sort.
 func (s *Store) scanSlots(tx *bolt.Tx, from, until int64, fn func(k, v []byte) error) error {
-	slots := tx.Bucket(bucketSlots)
+	slots, released := tx.Bucket(bucketSlots), tx.Bucket(bucketReleased)
 	c := slots.Cursor()
 	var h slotHeap
 	for sk, _ := c.Seek(u64(uint64(from / s.slotMs))); sk != nil; sk, _ = c.Next() {
@@ -139,10 +145,15 @@ func (s *Store) scanSlots(tx *bolt.Tx, from, until int64, fn func(k, v []byte) e
 			return nil
 		}
 		h = h[:0]
+		rb := released.Bucket(sk)
 		ic := slots.Bucket(sk).Cursor()
 		for f, v := ic.First(); f != nil; f, v = ic.Next() {
 			if due := storedDue(f); due >= from && due < until {
-				h = append(h, slotEntry{keyFromStored(f), v})
+				k := keyFromStored(f)
+				if rb != nil && rb.Get(k[:]) != nil {
+					continue
+				}
+				h = append(h, slotEntry{k, v})
 			}
 		}
 		h.init()

@@ -18,7 +18,9 @@ import (
 )
 
 const (
-	schemaVersion = 1
+	// schemaVersion 2 added the released bucket; Open upgrades a version 1
+	// file by creating it.
+	schemaVersion = 2
 	storeMagic    = "delayproxy store"
 
 	// maxDue bounds due times (year ~146 million) so that watermark
@@ -41,6 +43,7 @@ var (
 	bucketFar       = []byte("far")
 	bucketIDs       = []byte("ids")
 	bucketExchanges = []byte("exchanges")
+	bucketReleased  = []byte("released")
 
 	metaMagic       = []byte("magic")
 	metaVersion     = []byte("version")
@@ -94,6 +97,12 @@ type Store struct {
 	incCounter   uint64       // last incarnation handed out
 	persistedSeq uint64       // next sequence as recorded in meta
 	scan         *cascadeScan // cascade pass in progress
+	// slotCounts holds, per slot with released messages, its entries and
+	// released marks as last committed: it tells when a slot may be all
+	// released, which two counting walks then prove before the drop.
+	slotCounts map[int64]slotCount
+
+	upgrade bool // Open: the file has an older schema (set by load)
 
 	// statsMu guards stats.
 	statsMu sync.Mutex
@@ -150,10 +159,18 @@ func Open(path string, opts Options) (*Store, error) {
 		exchanges: make(map[exKey]ExchangeDef),
 		liveInc:   make(map[uint64]exKey),
 		counts:    make(map[uint64]int64),
+
+		slotCounts: make(map[int64]slotCount),
 	}
 	if err := db.View(s.load); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("%w: %s", err, path)
+	}
+	if s.upgrade {
+		if err := db.Update(upgrade); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("store: upgrade %s to schema %d: %w", path, schemaVersion, err)
+		}
 	}
 	s.recount()
 	go s.run()
@@ -221,7 +238,7 @@ func create(path string, o Options) error {
 		return err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketSlots, bucketFar, bucketIDs, bucketExchanges} {
+		for _, name := range [][]byte{bucketSlots, bucketFar, bucketIDs, bucketExchanges, bucketReleased} {
 			if _, err := tx.CreateBucket(name); err != nil {
 				return err
 			}
@@ -292,11 +309,16 @@ func (s *Store) load(tx *bolt.Tx) error {
 		return fmt.Errorf("%w: bad slot widths %d/%d ms", ErrNotStore, s.slotMs, s.farMs)
 	}
 	s.nextSeq.Store(s.persistedSeq)
-	for _, name := range [][]byte{bucketSlots, bucketFar, bucketIDs, bucketExchanges} {
+	need := [][]byte{bucketSlots, bucketFar, bucketIDs, bucketExchanges}
+	if version >= 2 {
+		need = append(need, bucketReleased)
+	}
+	for _, name := range need {
 		if tx.Bucket(name) == nil {
 			return fmt.Errorf("%w: bucket %q missing", ErrNotStore, name)
 		}
 	}
+	s.upgrade = version < schemaVersion
 	counts := meta.Bucket(bucketCounts)
 	if counts == nil {
 		return fmt.Errorf("%w: counts missing", ErrNotStore)
@@ -318,6 +340,15 @@ func (s *Store) load(tx *bolt.Tx) error {
 		s.exchanges[exKey{d.VHost, d.Name}] = d
 		return nil
 	})
+}
+
+// upgrade brings a version 1 file to the current schema: it adds the
+// released bucket (empty: version 1 deleted released messages outright).
+func upgrade(tx *bolt.Tx) error {
+	if _, err := tx.CreateBucketIfNotExists(bucketReleased); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketMeta).Put(metaVersion, u64(schemaVersion))
 }
 
 func metaU64(b *bolt.Bucket, k []byte) (uint64, bool) {
@@ -469,7 +500,9 @@ func (s *Store) Put(ctx context.Context, msgs ...*Message) error {
 
 // Delete removes the messages with these keys in one group commit (the
 // scheduler calls it once RabbitMQ confirmed their release). A missing key
-// is not an error. A slot left empty is removed with DeleteBucket.
+// is not an error. A message in a slot is marked released, which rewrites
+// no page of the slot; the slot goes with one DeleteBucket once all of it
+// is released (see the package doc).
 func (s *Store) Delete(ctx context.Context, keys ...Key) error {
 	if len(keys) == 0 {
 		return nil

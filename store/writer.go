@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -154,10 +155,13 @@ type batch struct {
 	s                                     *Store
 	tx                                    *bolt.Tx
 	slots, far, ids, exch, meta, countsBk *bolt.Bucket
+	released                              *bolt.Bucket
 
 	slotB   map[int64]*bolt.Bucket // slot buckets opened in this tx, by slot index
 	farB    map[int64]*bolt.Bucket // far buckets opened in this tx, by far index
-	drained map[int64]struct{}     // slots that lost messages
+	relB    map[int64]*bolt.Bucket // released buckets opened in this tx, by slot index
+	drained map[int64]struct{}     // slots that had messages released
+	sc      map[int64]slotCount    // Store.slotCounts overlay; dropped: slot gone
 
 	ex         map[exKey]*ExchangeDef // registry overlay; nil: deleted
 	delta      map[uint64]int64       // count changes per incarnation
@@ -176,7 +180,9 @@ func (s *Store) newBatch(tx *bolt.Tx) *batch {
 		s: s, tx: tx,
 		slots: tx.Bucket(bucketSlots), far: tx.Bucket(bucketFar), ids: tx.Bucket(bucketIDs),
 		exch: tx.Bucket(bucketExchanges), meta: meta, countsBk: meta.Bucket(bucketCounts),
-		slotB: map[int64]*bolt.Bucket{}, farB: map[int64]*bolt.Bucket{}, drained: map[int64]struct{}{},
+		released: tx.Bucket(bucketReleased),
+		slotB:    map[int64]*bolt.Bucket{}, farB: map[int64]*bolt.Bucket{}, relB: map[int64]*bolt.Bucket{},
+		drained: map[int64]struct{}{}, sc: map[int64]slotCount{},
 		ex: map[exKey]*ExchangeDef{}, delta: map[uint64]int64{},
 		incCounter: s.incCounter, nextSeq: s.persistedSeq,
 		farMin: s.farMin, farMinOK: s.farMinOK,
@@ -259,6 +265,13 @@ func commitError(err error) error {
 func (s *Store) publish(b *batch) {
 	s.incCounter = b.incCounter
 	s.persistedSeq = b.nextSeq
+	for idx, c := range b.sc {
+		if c.dropped {
+			delete(s.slotCounts, idx)
+		} else {
+			s.slotCounts[idx] = c
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k, d := range b.ex {
@@ -452,8 +465,13 @@ func (b *batch) put(p *putItem) error {
 	var err error
 	if due < b.s.watermark {
 		var bk *bolt.Bucket
-		if bk, err = b.slot(due/b.s.slotMs, true); err == nil {
+		idx := due / b.s.slotMs
+		if bk, err = b.slot(idx, true); err == nil {
 			err = bk.Put(storedKey(p.key), p.val)
+		}
+		if c, ok := b.slotCount(idx); ok {
+			c.entries++
+			b.sc[idx] = c
 		}
 	} else {
 		var bk *bolt.Bucket
@@ -481,69 +499,166 @@ func (b *batch) put(p *putItem) error {
 	return nil
 }
 
-// remove deletes one message and its ids entry, and returns the incarnation
-// it was stored with.
+// remove takes one message out of the store and deletes its ids entry,
+// and returns the incarnation it was stored with. A message in a slot is
+// marked released (appended to the slot's released bucket, in release
+// order) instead of deleted in place, so that releasing never rewrites the
+// slot's pages; finish drops the slot whole once every message in it is
+// released. A message in a far bucket is deleted.
 func (b *batch) remove(k Key) (inc uint64, found bool, err error) {
 	due := k.Due()
-	fine := due < b.s.watermark
-	var bk *bolt.Bucket
-	if fine {
-		bk, err = b.slot(due/b.s.slotMs, false)
-	} else {
-		bk, err = b.farBucket(due/b.s.farMs, false)
-	}
 	key := storedKey(k)
+	if due >= b.s.watermark {
+		bk, err := b.farBucket(due/b.s.farMs, false)
+		if bk == nil || err != nil {
+			return 0, false, err
+		}
+		c := bk.Cursor()
+		ck, v := c.Seek(key)
+		if !bytes.Equal(ck, key) {
+			return 0, false, nil
+		}
+		mv, err := viewMessage(v)
+		if err != nil {
+			return 0, false, fmt.Errorf("key %x: %w", k[:], err)
+		}
+		if err := c.Delete(); err != nil {
+			return 0, false, err
+		}
+		if due <= b.farMin {
+			b.farMinOK = false
+		}
+		return b.removed(k, mv)
+	}
+	idx := due / b.s.slotMs
+	bk, err := b.slot(idx, false)
 	if bk == nil || err != nil {
 		return 0, false, err
 	}
-	c := bk.Cursor()
-	ck, v := c.Seek(key)
-	if !bytes.Equal(ck, key) {
+	v := bk.Get(key) // a read: the slot's pages stay as they are
+	if v == nil {
 		return 0, false, nil
+	}
+	rb, err := b.releasedBucket(idx, true)
+	if err != nil {
+		return 0, false, err
+	}
+	if rb.Get(k[:]) != nil {
+		return 0, false, nil // released before
 	}
 	mv, err := viewMessage(v)
 	if err != nil {
 		return 0, false, fmt.Errorf("key %x: %w", k[:], err)
 	}
-	inc = mv.incarnation
-	var id []byte
-	if mv.flags&flagMessageID != 0 {
-		id = idKey(mv.vhost, mv.exchange, mv.messageID, k)
+	c, ok := b.slotCount(idx)
+	if !ok {
+		c = slotCount{entries: keyCount(bk), marks: keyCount(rb)} // this tx's changes included
 	}
-	if err := c.Delete(); err != nil {
+	if err := rb.Put(k[:], releasedMark); err != nil {
 		return 0, false, err
 	}
-	if id != nil {
-		if err := b.ids.Delete(id); err != nil {
+	c.marks++
+	b.sc[idx] = c
+	b.drained[idx] = struct{}{}
+	return b.removed(k, mv)
+}
+
+// removed deletes the ids entry of a message taken out and counts it.
+func (b *batch) removed(k Key, mv msgView) (inc uint64, found bool, err error) {
+	if mv.flags&flagMessageID != 0 {
+		if err := b.ids.Delete(idKey(mv.vhost, mv.exchange, mv.messageID, k)); err != nil {
 			return 0, false, err
 		}
 	}
-	if fine {
-		b.drained[due/b.s.slotMs] = struct{}{}
-	} else if due <= b.farMin {
-		b.farMinOK = false
-	}
-	b.delta[inc]--
+	b.delta[mv.incarnation]--
 	b.deletes++
-	return inc, true, nil
+	return mv.incarnation, true, nil
 }
 
-// finish drops drained slots and writes counters into meta.
+// releasedMark is the value of a released mark: not empty, since bbolt's
+// Get answers nil for an empty value written in the same transaction.
+var releasedMark = []byte{1}
+
+// releasedBucket opens (or creates) the released bucket of a slot.
+func (b *batch) releasedBucket(idx int64, create bool) (*bolt.Bucket, error) {
+	if rb := b.relB[idx]; rb != nil {
+		return rb, nil
+	}
+	key := u64(uint64(idx))
+	rb := b.released.Bucket(key)
+	if rb == nil {
+		if !create {
+			return nil, nil
+		}
+		var err error
+		if rb, err = b.released.CreateBucket(key); err != nil {
+			return nil, err
+		}
+	}
+	rb.FillPercent = 1 // released in key order, mostly: pack pages full
+	b.relB[idx] = rb
+	return rb, nil
+}
+
+// slotCount is what a slot with released messages holds.
+type slotCount struct {
+	entries, marks int
+	dropped        bool // in a batch overlay: the slot is gone
+}
+
+// slotCount is the count of slot idx through the batch overlay; ok is false
+// when it has not been counted (no mark since Open).
+func (b *batch) slotCount(idx int64) (slotCount, bool) {
+	if c, ok := b.sc[idx]; ok {
+		return c, !c.dropped
+	}
+	c, ok := b.s.slotCounts[idx]
+	return c, ok
+}
+
+// keyCount is the number of keys in b (a walk over its leaves).
+func keyCount(b *bolt.Bucket) int {
+	n := 0
+	c := b.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		n++
+	}
+	return n
+}
+
+// finish drops the slots whose messages are all released, with their
+// released buckets, and writes counters into meta.
 func (b *batch) finish() error {
 	for idx := range b.drained {
 		bk, err := b.slot(idx, false)
 		if err != nil {
 			return err
 		}
-		if bk == nil {
+		rb, err := b.releasedBucket(idx, false)
+		if bk == nil || rb == nil || err != nil {
+			return cmp.Or(err, fmt.Errorf("store: internal: slot %d released without its buckets", idx))
+		}
+		if c, _ := b.slotCount(idx); c.marks < c.entries {
 			continue
 		}
-		if k, _ := bk.Cursor().First(); k == nil {
-			if err := b.slots.DeleteBucket(u64(uint64(idx))); err != nil {
-				return err
-			}
-			delete(b.slotB, idx)
+		// Marks are only made for entries of the slot, and entries leave
+		// it only with the whole slot: equal counts mean all released.
+		// The counts in memory only say when to look.
+		entries, marks := keyCount(bk), keyCount(rb)
+		if marks != entries {
+			b.sc[idx] = slotCount{entries: entries, marks: marks}
+			continue
 		}
+		key := u64(uint64(idx))
+		if err := b.slots.DeleteBucket(key); err != nil {
+			return err
+		}
+		if err := b.released.DeleteBucket(key); err != nil {
+			return err
+		}
+		delete(b.slotB, idx)
+		delete(b.relB, idx)
+		b.sc[idx] = slotCount{dropped: true}
 	}
 	for inc, d := range b.delta {
 		if d == 0 {
@@ -614,16 +729,23 @@ func (s *Store) nextDueExact() (int64, bool, error) {
 	return due, ok, err
 }
 
-// firstSlotDue is the earliest due time in the first slot (a scan of one
-// slot: its keys are in sequence order).
+// firstSlotDue is the earliest due time of an unreleased message in the
+// first slot that holds one (a scan of one slot, usually: its keys are in
+// sequence order).
 func firstSlotDue(tx *bolt.Tx) (int64, bool) {
-	slots := tx.Bucket(bucketSlots)
+	slots, released := tx.Bucket(bucketSlots), tx.Bucket(bucketReleased)
 	c := slots.Cursor()
 	for sk, _ := c.First(); sk != nil; sk, _ = c.Next() {
 		m, ok := int64(math.MaxInt64), false
+		rb := released.Bucket(sk)
 		bc := slots.Bucket(sk).Cursor()
-		for k, _ := bc.First(); k != nil; k, _ = bc.Next() {
-			m, ok = min(m, storedDue(k)), true
+		for f, _ := bc.First(); f != nil; f, _ = bc.Next() {
+			if rb != nil {
+				if k := keyFromStored(f); rb.Get(k[:]) != nil {
+					continue
+				}
+			}
+			m, ok = min(m, storedDue(f)), true
 		}
 		if ok {
 			return m, true

@@ -1,0 +1,252 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// slotState reads what a slot physically holds: entries, released marks,
+// and whether its buckets exist.
+func slotState(t *testing.T, s *Store, idx int64) (entries, marks int, slot, rel bool) {
+	t.Helper()
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		if bk := tx.Bucket(bucketSlots).Bucket(u64(uint64(idx))); bk != nil {
+			slot, entries = true, keyCount(bk)
+		}
+		if rb := tx.Bucket(bucketReleased).Bucket(u64(uint64(idx))); rb != nil {
+			rel, marks = true, keyCount(rb)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return entries, marks, slot, rel
+}
+
+// TestReleaseMarksInSlot: deleting messages of a slot marks them released
+// instead of rewriting the slot: readers, counts and the ids index lose them
+// at once, the slot keeps its pages, marks survive a reopen, and the slot
+// goes whole with its last message.
+func TestReleaseMarksInSlot(t *testing.T) {
+	const n = 2000
+	h := newHarness(t, Options{NoSync: true})
+	h.exchange("/", "x")
+	h.keys(0, base) // watermark past base: these land in one slot
+	idx := (base - 5000) / 1000
+	r := rand.New(rand.NewPCG(3, 4))
+	var msgs []*Message
+	for i := range n {
+		m := msg("x", idx*1000+r.Int64N(1000), uint8(r.IntN(10)), fmt.Sprint(i))
+		m.Body = fmt.Appendf(nil, "%-200d", i) // the slot spans over 100 pages
+		if i%100 == 0 {
+			m.MessageID = fmt.Sprint("id-", i) // a few: ids keys are random
+		}
+		msgs = append(msgs, m)
+	}
+	h.put(msgs...)
+	keys := make([]Key, n)
+	for i, m := range msgs {
+		keys[i] = m.Key
+	}
+	slices.SortFunc(keys, compareKeys) // release order: spread over the slot's pages
+	ctx := context.Background()
+
+	before := h.s.Stats()
+	released := keys[:n/4]
+	if err := h.s.Delete(ctx, released...); err != nil {
+		t.Fatal(err)
+	}
+	writes := h.s.Stats().PageWrites - before.PageWrites
+	entries, marks, slot, rel := slotState(t, h.s, idx)
+	if !slot || !rel || entries != n || marks != n/4 {
+		t.Fatalf("after releasing %d of %d: slot %v with %d entries, released bucket %v with %d marks", n/4, n, slot, entries, rel, marks)
+	}
+	// Deleting in place rewrote nearly every leaf of the slot; marks
+	// append to a bucket of their own.
+	var slotPages int
+	if err := h.s.db.View(func(tx *bolt.Tx) error {
+		slotPages = tx.Bucket(bucketSlots).Bucket(u64(uint64(idx))).Stats().LeafPageN
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if writes > uint64(slotPages/4) {
+		t.Errorf("releasing %d messages wrote %d pages; the slot has %d leaf pages", n/4, writes, slotPages)
+	}
+	t.Logf("releasing %d of %d messages wrote %d pages; the slot has %d leaf pages", n/4, n, writes, slotPages)
+
+	check := func(when string) {
+		t.Helper()
+		if got := h.s.Pending(); got != n-int64(len(released)) {
+			t.Fatalf("%s: Pending %d, want %d", when, got, n-len(released))
+		}
+		got := h.keys(0, base)
+		if want := keys[len(released):]; !slices.Equal(got, want) {
+			t.Fatalf("%s: ScanKeys returned %d keys, want the %d unreleased", when, len(got), len(want))
+		}
+		if b := bodies(t, h.s, released[:2]); !slices.Equal(b, []string{"<nil>", "<nil>"}) {
+			t.Fatalf("%s: Get of released keys: %q", when, b)
+		}
+		if due, ok := h.s.NextDue(); !ok || due != keys[len(released)].Due() {
+			t.Fatalf("%s: NextDue %d %v, want %d", when, due, ok, keys[len(released)].Due())
+		}
+		page, err := h.s.List("/", "x", Key{}, 1, false)
+		if err != nil || len(page) != 1 || page[0].Key != keys[len(released)] {
+			t.Fatalf("%s: List first page %v %v, want key %x", when, page, err, keys[len(released)])
+		}
+		if ok, err := h.s.CancelKey(ctx, released[0]); ok || err != nil {
+			t.Fatalf("%s: CancelKey of a released message: %v %v", when, ok, err)
+		}
+		h.check()
+	}
+	check("after the first release")
+	h.reopen()
+	check("after reopening")
+
+	// A cancel marks too; releasing the rest drops the slot whole.
+	var victim *Message
+	for _, m := range msgs {
+		if m.MessageID != "" && slices.Index(released, m.Key) < 0 {
+			victim = m
+		}
+	}
+	if got, err := h.s.Cancel(ctx, "/", "x", victim.MessageID); got != 1 || err != nil {
+		t.Fatalf("Cancel by id: %d %v", got, err)
+	}
+	if got, err := h.s.Cancel(ctx, "/", "x", victim.MessageID); got != 0 || err != nil {
+		t.Fatalf("Cancel by id again: %d %v", got, err)
+	}
+	if err := h.s.Delete(ctx, keys[len(released):]...); err != nil {
+		t.Fatal(err)
+	}
+	if entries, marks, slot, rel := slotState(t, h.s, idx); slot || rel {
+		t.Fatalf("every message released: slot %v (%d entries), released bucket %v (%d marks) left", slot, entries, rel, marks)
+	}
+	if h.s.Pending() != 0 {
+		t.Fatalf("Pending %d after releasing everything", h.s.Pending())
+	}
+	if len(h.s.slotCounts) != 0 {
+		t.Fatalf("counts left for dropped slots: %v", h.s.slotCounts)
+	}
+}
+
+// TestOpenUpgradesSchema1: a version 1 file (no released bucket) opens,
+// gains the bucket and version 2, and works on.
+func TestOpenUpgradesSchema1(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v1.db")
+	s, err := Open(path, Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutExchange(context.Background(), &ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}); err != nil {
+		t.Fatal(err)
+	}
+	m := msg("x", base+100, 0, "kept")
+	if err := s.Put(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		if err := tx.DeleteBucket(bucketReleased); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketMeta).Put(metaVersion, u64(1))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	h := &harness{t: t, path: path, opts: Options{NoSync: true}}
+	h.s = h.open()
+	t.Cleanup(func() { h.check(); h.s.Close() })
+	if err := h.s.db.View(func(tx *bolt.Tx) error {
+		if v, _ := metaU64(tx.Bucket(bucketMeta), metaVersion); v != schemaVersion || tx.Bucket(bucketReleased) == nil {
+			t.Errorf("after Open: version %d, released bucket %v", v, tx.Bucket(bucketReleased) != nil)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := bodies(t, h.s, []Key{m.Key}); got[0] != "kept" {
+		t.Fatalf("message after the upgrade: %q", got)
+	}
+	h.keys(0, base+1000)
+	if err := h.s.Delete(context.Background(), m.Key); err != nil {
+		t.Fatal(err)
+	}
+	if h.s.Pending() != 0 {
+		t.Fatalf("Pending %d after releasing the only message", h.s.Pending())
+	}
+}
+
+// TestCheckFindsBadReleasedMarks: Check reports a mark without its message
+// and a slot left holding only released messages.
+func TestCheckFindsBadReleasedMarks(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		harm func(tx *bolt.Tx, idx []byte, k Key) error
+		want string
+	}{
+		{"mark without a message", func(tx *bolt.Tx, idx []byte, k Key) error {
+			rb, err := tx.Bucket(bucketReleased).CreateBucketIfNotExists(idx)
+			if err != nil {
+				return err
+			}
+			other := MakeKey(k.Due(), 0, 999999)
+			return rb.Put(other[:], releasedMark)
+		}, "is not in its slot"},
+		{"slot of released messages only", func(tx *bolt.Tx, idx []byte, k Key) error {
+			rb, err := tx.Bucket(bucketReleased).CreateBucketIfNotExists(idx)
+			if err != nil {
+				return err
+			}
+			return rb.Put(k[:], releasedMark) // counts still say pending
+		}, "holds no unreleased message"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "x.db")
+			s, err := Open(path, Options{NoSync: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { s.Close() }()
+			if err := s.PutExchange(context.Background(), &ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.ScanKeys(0, base, func(Key) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			m := msg("x", base-5000, 0, "a")
+			if err := s.Put(context.Background(), m); err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+			db, err := bolt.Open(path, 0o600, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = db.Update(func(tx *bolt.Tx) error { return tc.harm(tx, u64(uint64(m.Key.Due()/1000)), m.Key) })
+			db.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s, err = Open(path, Options{NoSync: true}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Check(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Check: %v, want an error saying %q", err, tc.want)
+			}
+		})
+	}
+}
