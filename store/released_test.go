@@ -3,11 +3,13 @@ package store
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -248,5 +250,101 @@ func TestCheckFindsBadReleasedMarks(t *testing.T) {
 				t.Fatalf("Check: %v, want an error saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestReleaseMarksModel runs random puts (into slots, some with marks
+// already, and far buckets), deletes (repeated and missing keys too) and
+// reopens against a model: after every step the store holds exactly the
+// model's messages, and once everything is deleted no slot and no mark is
+// left. Slots are 10 ms wide so that many fill, drain and drop.
+func TestReleaseMarksModel(t *testing.T) {
+	h := newHarness(t, Options{NoSync: true, SlotWidth: 10 * time.Millisecond, FarWidth: time.Second})
+	h.exchange("/", "x")
+	h.keys(0, base+500) // watermark past base+500: earlier dues go to slots
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(5, 6))
+	model := map[Key]bool{}
+	var all []Key
+	put := func(n int) {
+		var msgs []*Message
+		for range n {
+			due := base + r.Int64N(400) // 40 slots
+			if r.IntN(10) == 0 {
+				due = base + 5000 + r.Int64N(2000) // beyond the watermark: far
+			}
+			m := msg("x", due, uint8(r.IntN(3)), "m")
+			if r.IntN(4) == 0 {
+				m.MessageID = fmt.Sprint("id-", r.IntN(50))
+			}
+			msgs = append(msgs, m)
+		}
+		h.put(msgs...)
+		for _, m := range msgs {
+			model[m.Key] = true
+			all = append(all, m.Key)
+		}
+	}
+	del := func(n int) {
+		var keys []Key
+		for range n {
+			k := all[r.IntN(len(all))] // pending, deleted before, or far
+			if r.IntN(20) == 0 {
+				k = MakeKey(base+r.Int64N(400), 0, 1<<40) // never stored
+			}
+			keys = append(keys, k)
+		}
+		if err := h.s.Delete(ctx, keys...); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			delete(model, k)
+		}
+	}
+	verify := func(step int) {
+		t.Helper()
+		want := slices.Collect(maps.Keys(model))
+		slices.SortFunc(want, compareKeys)
+		var got []Key
+		for _, k := range h.keys(0, base+500) {
+			got = append(got, k)
+		}
+		var wantSlots []Key
+		for _, k := range want {
+			if k.Due() < base+500 {
+				wantSlots = append(wantSlots, k)
+			}
+		}
+		if !slices.Equal(got, wantSlots) {
+			t.Fatalf("step %d: ScanKeys has %d keys, the model %d", step, len(got), len(wantSlots))
+		}
+		if p := h.s.Pending(); p != int64(len(model)) {
+			t.Fatalf("step %d: Pending %d, model %d", step, p, len(model))
+		}
+		h.check()
+	}
+	for step := range 60 {
+		put(1 + r.IntN(200))
+		del(1 + r.IntN(250))
+		if step%15 == 14 {
+			h.reopen() // the slot counts in memory start over
+		}
+		verify(step)
+	}
+	if err := h.s.Delete(ctx, all...); err != nil {
+		t.Fatal(err)
+	}
+	clear(model)
+	verify(60)
+	if err := h.s.db.View(func(tx *bolt.Tx) error {
+		if k, _ := tx.Bucket(bucketSlots).Cursor().First(); k != nil {
+			t.Errorf("slot %x left after every message was deleted", k)
+		}
+		if k, _ := tx.Bucket(bucketReleased).Cursor().First(); k != nil {
+			t.Errorf("released bucket %x left after every message was deleted", k)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
