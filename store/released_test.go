@@ -305,10 +305,7 @@ func TestReleaseMarksModel(t *testing.T) {
 		t.Helper()
 		want := slices.Collect(maps.Keys(model))
 		slices.SortFunc(want, compareKeys)
-		var got []Key
-		for _, k := range h.keys(0, base+500) {
-			got = append(got, k)
-		}
+		got := h.keys(0, base+500)
 		var wantSlots []Key
 		for _, k := range want {
 			if k.Due() < base+500 {
