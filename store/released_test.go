@@ -142,32 +142,13 @@ func TestReleaseMarksInSlot(t *testing.T) {
 // TestOpenUpgradesSchema1: a version 1 file (no released bucket) opens,
 // gains the bucket and version 2, and works on.
 func TestOpenUpgradesSchema1(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "v1.db")
-	s, err := Open(path, Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.PutExchange(context.Background(), &ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}); err != nil {
-		t.Fatal(err)
-	}
-	m := msg("x", base+100, 0, "kept")
-	if err := s.Put(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Update(func(tx *bolt.Tx) error {
+	path, k := fileWithMessage(t, base+100, 0)
+	tamper(t, path, func(tx *bolt.Tx) error {
 		if err := tx.DeleteBucket(bucketReleased); err != nil {
 			return err
 		}
 		return tx.Bucket(bucketMeta).Put(metaVersion, u64(1))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
+	})
 
 	h := &harness{t: t, path: path, opts: Options{NoSync: true}}
 	h.s = h.open()
@@ -180,11 +161,11 @@ func TestOpenUpgradesSchema1(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got := bodies(t, h.s, []Key{m.Key}); got[0] != "kept" {
+	if got := bodies(t, h.s, []Key{k}); got[0] != "m" {
 		t.Fatalf("message after the upgrade: %q", got)
 	}
 	h.keys(0, base+1000)
-	if err := h.s.Delete(context.Background(), m.Key); err != nil {
+	if err := h.s.Delete(context.Background(), k); err != nil {
 		t.Fatal(err)
 	}
 	if h.s.Pending() != 0 {
@@ -217,35 +198,13 @@ func TestCheckFindsBadReleasedMarks(t *testing.T) {
 		}, "holds no unreleased message"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "x.db")
+			path, k := fileWithMessage(t, base-5000, base)
+			tamper(t, path, func(tx *bolt.Tx) error { return tc.harm(tx, u64(uint64(k.Due()/1000)), k) })
 			s, err := Open(path, Options{NoSync: true})
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer func() { s.Close() }()
-			if err := s.PutExchange(context.Background(), &ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.ScanKeys(0, base, func(Key) error { return nil }); err != nil {
-				t.Fatal(err)
-			}
-			m := msg("x", base-5000, 0, "a")
-			if err := s.Put(context.Background(), m); err != nil {
-				t.Fatal(err)
-			}
-			s.Close()
-			db, err := bolt.Open(path, 0o600, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = db.Update(func(tx *bolt.Tx) error { return tc.harm(tx, u64(uint64(m.Key.Due()/1000)), m.Key) })
-			db.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if s, err = Open(path, Options{NoSync: true}); err != nil {
-				t.Fatal(err)
-			}
+			defer s.Close()
 			if err := s.Check(); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Check: %v, want an error saying %q", err, tc.want)
 			}
@@ -342,6 +301,44 @@ func TestReleaseMarksModel(t *testing.T) {
 		}
 		return nil
 	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fileWithMessage makes a closed store file holding one message of exchange
+// x, due at due; with the watermark moved to slotsBelow first, so that a due
+// before it lands in a slot.
+func fileWithMessage(t *testing.T, due, slotsBelow int64) (string, Key) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "x.db")
+	s, err := Open(path, Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.PutExchange(ctx, &ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ScanKeys(0, slotsBelow, func(Key) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	m := msg("x", due, 0, "m")
+	if err := s.Put(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	return path, m.Key
+}
+
+// tamper changes a closed store file directly, with bbolt.
+func tamper(t *testing.T, path string, fn func(*bolt.Tx) error) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Update(fn); err != nil {
 		t.Fatal(err)
 	}
 }

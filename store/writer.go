@@ -418,43 +418,37 @@ func (b *batch) liveIncarnation(inc uint64) (exKey, bool) {
 	return k, ok && d.Incarnation == inc
 }
 
+// slot opens (or creates) the slot bucket of index idx.
 func (b *batch) slot(idx int64, create bool) (*bolt.Bucket, error) {
-	if bk := b.slotB[idx]; bk != nil {
-		return bk, nil
-	}
-	key := u64(uint64(idx))
-	bk := b.slots.Bucket(key)
-	if bk == nil {
-		if !create {
-			return nil, nil
-		}
-		var err error
-		if bk, err = b.slots.CreateBucket(key); err != nil {
-			return nil, err
-		}
-	}
-	bk.FillPercent = 1 // appended in sequence order: pack pages full
-	b.slotB[idx] = bk
-	return bk, nil
+	return nested(b.slots, b.slotB, idx, create)
 }
 
+// farBucket opens (or creates) the far bucket of index idx.
 func (b *batch) farBucket(idx int64, create bool) (*bolt.Bucket, error) {
-	if bk := b.farB[idx]; bk != nil {
+	return nested(b.far, b.farB, idx, create)
+}
+
+// nested opens the bucket under parent keyed by idx (8 B BE), creating it
+// when create is set, through open (the buckets of this tx). Every nested
+// bucket is appended to (slots and far buckets in sequence order, released
+// buckets in release order, mostly), so its pages are packed full.
+func nested(parent *bolt.Bucket, open map[int64]*bolt.Bucket, idx int64, create bool) (*bolt.Bucket, error) {
+	if bk := open[idx]; bk != nil {
 		return bk, nil
 	}
 	key := u64(uint64(idx))
-	bk := b.far.Bucket(key)
+	bk := parent.Bucket(key)
 	if bk == nil {
 		if !create {
 			return nil, nil
 		}
 		var err error
-		if bk, err = b.far.CreateBucket(key); err != nil {
+		if bk, err = parent.CreateBucket(key); err != nil {
 			return nil, err
 		}
 	}
-	bk.FillPercent = 1 // appended in sequence order: pack pages full
-	b.farB[idx] = bk
+	bk.FillPercent = 1
+	open[idx] = bk
 	return bk, nil
 }
 
@@ -579,25 +573,9 @@ func (b *batch) removed(k Key, mv msgView) (inc uint64, found bool, err error) {
 // Get answers nil for an empty value written in the same transaction.
 var releasedMark = []byte{1}
 
-// releasedBucket opens (or creates) the released bucket of a slot.
+// releasedBucket opens (or creates) the released bucket of slot idx.
 func (b *batch) releasedBucket(idx int64, create bool) (*bolt.Bucket, error) {
-	if rb := b.relB[idx]; rb != nil {
-		return rb, nil
-	}
-	key := u64(uint64(idx))
-	rb := b.released.Bucket(key)
-	if rb == nil {
-		if !create {
-			return nil, nil
-		}
-		var err error
-		if rb, err = b.released.CreateBucket(key); err != nil {
-			return nil, err
-		}
-	}
-	rb.FillPercent = 1 // released in key order, mostly: pack pages full
-	b.relB[idx] = rb
-	return rb, nil
+	return nested(b.released, b.relB, idx, create)
 }
 
 // slotCount is what a slot with released messages holds.
