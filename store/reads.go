@@ -145,20 +145,28 @@ func (s *Store) scanSlots(tx *bolt.Tx, from, until int64, fn func(k, v []byte) e
 			return nil
 		}
 		h = h[:0]
-		rb := released.Bucket(sk)
 		ic := slots.Bucket(sk).Cursor()
 		for f, v := ic.First(); f != nil; f, v = ic.Next() {
 			if due := storedDue(f); due >= from && due < until {
-				k := keyFromStored(f)
-				if rb != nil && rb.Get(k[:]) != nil {
-					continue
-				}
-				h = append(h, slotEntry{k, v})
+				h = append(h, slotEntry{keyFromStored(f), v})
 			}
 		}
 		h.init()
+		// Released marks are in key order too: walk them alongside.
+		var mc *bolt.Cursor
+		var mark []byte
+		if rb := released.Bucket(sk); rb != nil && len(h) > 0 {
+			mc = rb.Cursor()
+			mark, _ = mc.Seek(h[0].k[:])
+		}
 		for len(h) > 0 {
 			e := h.pop()
+			for mark != nil && bytes.Compare(mark, e.k[:]) < 0 {
+				mark, _ = mc.Next()
+			}
+			if mark != nil && bytes.Equal(mark, e.k[:]) {
+				continue // released
+			}
 			if err := fn(e.k[:], e.v); err != nil {
 				return err
 			}
