@@ -223,7 +223,7 @@ func (s *Store) NextDue() (int64, bool) {
 	var due int64
 	var ok bool
 	if err := s.view(func(tx *bolt.Tx) error {
-		due, ok = firstSlotDue(tx)
+		due, ok = s.firstSlotDue(tx)
 		return nil
 	}); err != nil || ok {
 		return due, ok

@@ -691,7 +691,7 @@ func (s *Store) nextDueExact() (int64, bool, error) {
 	var due int64
 	var ok bool
 	err := s.db.View(func(tx *bolt.Tx) error {
-		due, ok = firstSlotDue(tx)
+		due, ok = s.firstSlotDue(tx)
 		if ok {
 			return nil
 		}
@@ -707,29 +707,14 @@ func (s *Store) nextDueExact() (int64, bool, error) {
 	return due, ok, err
 }
 
-// firstSlotDue is the earliest due time of an unreleased message in the
-// first slot that holds one (a scan of one slot, usually: its keys are in
-// sequence order).
-func firstSlotDue(tx *bolt.Tx) (int64, bool) {
-	slots, released := tx.Bucket(bucketSlots), tx.Bucket(bucketReleased)
-	c := slots.Cursor()
-	for sk, _ := c.First(); sk != nil; sk, _ = c.Next() {
-		m, ok := int64(math.MaxInt64), false
-		rb := released.Bucket(sk)
-		bc := slots.Bucket(sk).Cursor()
-		for f, _ := bc.First(); f != nil; f, _ = bc.Next() {
-			if rb != nil {
-				if k := keyFromStored(f); rb.Get(k[:]) != nil {
-					continue
-				}
-			}
-			m, ok = min(m, storedDue(f)), true
-		}
-		if ok {
-			return m, true
-		}
-	}
-	return 0, false
+// firstSlotDue is the earliest due time of an unreleased message in slots:
+// the first key scanSlots yields (it reads the first slot that holds one).
+func (s *Store) firstSlotDue(tx *bolt.Tx) (due int64, ok bool) {
+	_ = s.scanSlots(tx, 0, maxDue, func(k, _ []byte) error {
+		due, ok = Key(k).Due(), true
+		return ErrStop
+	})
+	return due, ok
 }
 
 // farMinimum scans far buckets in order for the earliest due at or after w
