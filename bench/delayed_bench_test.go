@@ -227,7 +227,7 @@ func BenchmarkDelayedPublish_ProxyVsDirect(b *testing.B) {
 // spread evenly over 3 s (ten per millisecond) are published ahead of time
 // in shuffled order, so delays are mixed; a consumer on the work queue
 // (straight to RabbitMQ) takes each arrival time, and lateness = arrival -
-// due on the shared wall clock. It runs the same workload four ways:
+// due on the shared wall clock. It runs the same workload five ways:
 //
 //   - proxy: through delayproxy, x-delay on a delayed exchange;
 //   - ttl-dlx: RabbitMQ's own recipe, straight to RabbitMQ: a wait queue
@@ -239,8 +239,7 @@ func BenchmarkDelayedPublish_ProxyVsDirect(b *testing.B) {
 // (must be 0) and the arrival rate. The proxy also reports its own part,
 // read from its delayproxy_release_lateness_seconds histogram (stored due
 // time to the release written to RabbitMQ's socket): the share within 5 ms
-// and the bucket bound of its p99. Target for the
-// proxy: p99 <= 5 ms.
+// and the bucket bound of its p99. Target for the proxy: p99 <= 5 ms.
 //
 // x-delay is whole milliseconds and neither way may release early, so the
 // publisher rounds each delay up and the proxy rounds its due time up: the
