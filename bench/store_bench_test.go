@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -198,10 +197,7 @@ func benchStoreReopen(b *testing.B, pending int, crash bool) {
 		if err := setStoreFreelist(path, !crash); err != nil {
 			b.Fatal(err)
 		}
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		heapBefore := ms.HeapAlloc
+		heapBefore := liveHeap()
 		b.StartTimer()
 		s, err := store.Open(path, store.Options{})
 		if err != nil {
@@ -222,9 +218,7 @@ func benchStoreReopen(b *testing.B, pending int, crash bool) {
 		if n := s.Pending(); n != int64(pending) {
 			b.Fatalf("Pending %d, want %d", n, pending)
 		}
-		runtime.GC()
-		runtime.ReadMemStats(&ms)
-		heap = float64(ms.HeapAlloc) - float64(heapBefore)
+		heap = liveHeap() - heapBefore
 		if err := s.Close(); err != nil {
 			b.Fatal(err)
 		}
