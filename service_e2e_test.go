@@ -72,7 +72,8 @@ func TestService_MetricsMoveWithDelayedTraffic(t *testing.T) {
 	eventually(t, 10*time.Second, "pending gauge back to 0", func() bool {
 		after = scrape(t, tp)
 		v, _ := after.lookup("delayproxy_pending_messages", pending...)
-		return v == 0
+		d, _ := after.lookup("delayproxy_store_deleted_messages_total") // read apart from the gauge
+		return v == 0 && d >= n
 	})
 	after.want(t, "delayproxy_messages_stored_total", n) // no more
 	after.want(t, "delayproxy_messages_released_total", n)
@@ -121,7 +122,10 @@ func TestService_ConnectionMetrics(t *testing.T) {
 		n, _ := s1.lookup("delayproxy_channels")
 		// The publish is asynchronous: wait until its frames went upstream.
 		f, _ := s1.lookup("delayproxy_relayed_frames_total", "direction", "client_to_upstream")
-		return c == 1 && n == 1 && f >= 4
+		// A scrape reads one series after another, not at one instant:
+		// the counter may be read before and the gauge after a change.
+		o, _ := s1.lookup("delayproxy_connections_opened_total")
+		return c == 1 && n == 1 && f >= 4 && o == 1
 	})
 	s1.want(t, "delayproxy_connections_opened_total", 1)
 	s1.want(t, "delayproxy_connections_closed_total", 0)
@@ -149,10 +153,11 @@ func TestService_ConnectionMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	var s2 metricsSnapshot
-	eventually(t, 10*time.Second, "connection gauge back to 0", func() bool {
+	eventually(t, 10*time.Second, "connection gauge back to 0, the close counted", func() bool {
 		s2 = scrape(t, tp)
 		v, _ := s2.lookup("delayproxy_client_connections")
-		return v == 0
+		c, _ := s2.lookup("delayproxy_connections_closed_total")
+		return v == 0 && c >= 1
 	})
 	s2.want(t, "delayproxy_connections_opened_total", 1)
 	s2.want(t, "delayproxy_connections_closed_total", 1)
