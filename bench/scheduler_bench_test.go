@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
 )
@@ -92,7 +92,7 @@ func benchMemory(b *testing.B, pending int) {
 	for range b.N {
 		b.StopTimer()
 		path := prefilledCopy(b, defaultLayout, pending) // shared with the store benchmarks
-		before := liveHeap()
+		before := crashtest.LiveHeap()
 		b.StartTimer()
 		st, err := store.Open(path, store.Options{NoSync: true})
 		if err != nil {
@@ -119,7 +119,7 @@ func benchMemory(b *testing.B, pending int) {
 			rel.waitFor(j)
 		}
 		b.StopTimer()
-		heap += (liveHeap() - before) / (1 << 20)
+		heap += (float64(crashtest.LiveHeap()) - float64(before)) / (1 << 20)
 		released += float64(len(dues))
 		stop()
 		if err := st.Close(); err != nil {
@@ -129,15 +129,6 @@ func benchMemory(b *testing.B, pending int) {
 	}
 	b.ReportMetric(heap/float64(b.N), "heap-MiB")
 	b.ReportMetric(released/float64(b.N), "released/minute")
-}
-
-// liveHeap is the Go heap allocated and still reachable after a collection,
-// in bytes.
-func liveHeap() float64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return float64(ms.HeapAlloc)
 }
 
 // BenchmarkScheduler_ReopenToFirstRelease5M times store.Open to the first

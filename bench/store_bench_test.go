@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/store"
 	bolt "go.etcd.io/bbolt"
 )
@@ -197,7 +198,7 @@ func benchStoreReopen(b *testing.B, pending int, crash bool) {
 		if err := setStoreFreelist(path, !crash); err != nil {
 			b.Fatal(err)
 		}
-		heapBefore := liveHeap()
+		heapBefore := crashtest.LiveHeap()
 		b.StartTimer()
 		s, err := store.Open(path, store.Options{})
 		if err != nil {
@@ -218,7 +219,7 @@ func benchStoreReopen(b *testing.B, pending int, crash bool) {
 		if n := s.Pending(); n != int64(pending) {
 			b.Fatalf("Pending %d, want %d", n, pending)
 		}
-		heap = liveHeap() - heapBefore
+		heap = float64(crashtest.LiveHeap()) - float64(heapBefore)
 		if err := s.Close(); err != nil {
 			b.Fatal(err)
 		}

@@ -48,6 +48,15 @@ func Mem() (heapInuse, stackInuse uint64) {
 	return ms.HeapInuse, ms.StackInuse
 }
 
+// LiveHeap is the Go heap allocated and still reachable after a GC, in
+// bytes: finer than Mem's heap in use, which counts whole spans.
+func LiveHeap() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
 // FloorRSS is RSS after a collection that returns all free memory to the
 // OS, so that two readings differ by what is in use, not by what the
 // scavenger happened to give back in between.
