@@ -72,7 +72,8 @@ func TestService_MetricsMoveWithDelayedTraffic(t *testing.T) {
 	eventually(t, 10*time.Second, "pending gauge back to 0", func() bool {
 		after = scrape(t, tp)
 		v, _ := after.lookup("delayproxy_pending_messages", pending...)
-		d, _ := after.lookup("delayproxy_store_deleted_messages_total") // read apart from the gauge
+		// A scrape reads one series after another: wait for the counter too.
+		d, _ := after.lookup("delayproxy_store_deleted_messages_total")
 		return v == 0 && d >= n
 	})
 	after.want(t, "delayproxy_messages_stored_total", n) // no more
