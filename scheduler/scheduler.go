@@ -261,7 +261,7 @@ func (s *Scheduler) Added(msgs ...*store.Message) {
 		queued = true
 		if len(s.adds) < s.maxInbox {
 			s.adds = append(s.adds, k)
-		} else if !s.hasMissed || compareKey(k, s.missed) < 0 {
+		} else if !s.hasMissed || store.CompareKeys(k, s.missed) < 0 {
 			s.missed, s.hasMissed = k, true
 		}
 	}
@@ -375,7 +375,7 @@ func (s *Scheduler) drainInbox() {
 	s.mu.Unlock()
 
 	for _, k := range adds {
-		if compareKey(k, s.cursor) >= 0 {
+		if store.CompareKeys(k, s.cursor) >= 0 {
 			continue // the loader has not passed it: it reads it from disk
 		}
 		s.addKey(k)
@@ -383,7 +383,7 @@ func (s *Scheduler) drainInbox() {
 	for _, k := range cancels {
 		s.w.Cancel(k)
 	}
-	if hasMissed && compareKey(missed, s.cursor) < 0 {
+	if hasMissed && store.CompareKeys(missed, s.cursor) < 0 {
 		s.cursor = missed // scan again from there; keys already held are no-ops
 	}
 	clear(adds)
@@ -402,7 +402,7 @@ func (s *Scheduler) addKey(k store.Key) {
 	}
 	last, _ := s.w.Last()
 	s.w.Cancel(last)
-	if compareKey(last, s.cursor) < 0 {
+	if store.CompareKeys(last, s.cursor) < 0 {
 		s.cursor = last
 	}
 }
@@ -463,7 +463,7 @@ func (s *Scheduler) load(now time.Time) bool {
 	var next store.Key
 	stopped := false
 	err := s.st.ScanKeys(from, until, func(k store.Key) error {
-		if compareKey(k, s.cursor) < 0 {
+		if store.CompareKeys(k, s.cursor) < 0 {
 			return nil // loaded before, in a millisecond split across chunks
 		}
 		if n == limit {

@@ -367,7 +367,7 @@ func TestRestartDrainsOverdueOldestFirst(t *testing.T) {
 		want = append(want, m.Key)
 		ids[m.Key] = m.MessageID
 	}
-	slices.SortFunc(want, compareKey)
+	slices.SortFunc(want, store.CompareKeys)
 	// Restart: close and reopen the store, then run the scheduler.
 	if err := h.st.Close(); err != nil {
 		t.Fatal(err)

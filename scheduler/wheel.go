@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"encoding/binary"
 	"math"
 	"math/bits"
 	"slices"
@@ -118,10 +117,10 @@ func (w *Wheel) Add(k store.Key) bool {
 		w.socc[i>>6] |= 1 << (i & 63)
 		b.maxKey, b.maxSeq = k, k.Seq()
 	} else {
-		if compareKey(k, b.maxKey) <= 0 && k.Seq() <= b.maxSeq && slices.Contains(b.keys, k) {
+		if store.CompareKeys(k, b.maxKey) <= 0 && k.Seq() <= b.maxSeq && slices.Contains(b.keys, k) {
 			return false
 		}
-		if compareKey(k, b.maxKey) > 0 {
+		if store.CompareKeys(k, b.maxKey) > 0 {
 			b.maxKey = k
 		}
 		b.maxSeq = max(b.maxSeq, k.Seq())
@@ -174,7 +173,7 @@ func (w *Wheel) Cancel(k store.Key) bool {
 	switch {
 	case d <= w.pos:
 		live := w.over[w.head:]
-		j, found := slices.BinarySearchFunc(live, k, compareKey)
+		j, found := slices.BinarySearchFunc(live, k, store.CompareKeys)
 		if !found {
 			return false
 		}
@@ -192,7 +191,7 @@ func (w *Wheel) Cancel(k store.Key) bool {
 	case d < w.open:
 		i := d & w.mask
 		s := w.slots[i]
-		j, found := slices.BinarySearchFunc(s, k, compareKey)
+		j, found := slices.BinarySearchFunc(s, k, store.CompareKeys)
 		if !found {
 			return false
 		}
@@ -244,7 +243,7 @@ func (w *Wheel) Last() (store.Key, bool) {
 		b := w.stage[w.lastStaged()&(w.nb-1)]
 		last := b.keys[0]
 		for _, k := range b.keys[1:] {
-			if compareKey(k, last) > 0 {
+			if store.CompareKeys(k, last) > 0 {
 				last = k
 			}
 		}
@@ -506,36 +505,12 @@ func (w *Wheel) firstSet(i int64) int64 {
 
 // insertKey inserts k into the sorted s, reporting false when it is there.
 func insertKey(s []store.Key, k store.Key) ([]store.Key, bool) {
-	if n := len(s); n == 0 || compareKey(s[n-1], k) < 0 {
+	if n := len(s); n == 0 || store.CompareKeys(s[n-1], k) < 0 {
 		return append(s, k), true
 	}
-	j, found := slices.BinarySearchFunc(s, k, compareKey)
+	j, found := slices.BinarySearchFunc(s, k, store.CompareKeys)
 	if found {
 		return s, false
 	}
 	return slices.Insert(s, j, k), true
-}
-
-// compareKey orders keys as bytes.Compare does, in three word compares.
-func compareKey(a, b store.Key) int {
-	if x, y := binary.BigEndian.Uint64(a[0:8]), binary.BigEndian.Uint64(b[0:8]); x != y {
-		if x < y {
-			return -1
-		}
-		return 1
-	}
-	if a[8] != b[8] {
-		if a[8] < b[8] {
-			return -1
-		}
-		return 1
-	}
-	x, y := binary.BigEndian.Uint64(a[9:17]), binary.BigEndian.Uint64(b[9:17])
-	switch {
-	case x < y:
-		return -1
-	case x > y:
-		return 1
-	}
-	return 0
 }

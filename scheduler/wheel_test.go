@@ -209,7 +209,7 @@ func TestWheelExpireN(t *testing.T) {
 		all = append(all, k)
 		w.Add(k)
 	}
-	slices.SortFunc(all, compareKey)
+	slices.SortFunc(all, store.CompareKeys)
 	var got []store.Key
 	for len(got) < len(all) {
 		before := len(got)
@@ -222,7 +222,7 @@ func TestWheelExpireN(t *testing.T) {
 			late := key(t0+1, 0, 50)
 			w.Add(late)
 			all = append(all, late)
-			slices.SortFunc(all, compareKey)
+			slices.SortFunc(all, store.CompareKeys)
 		}
 	}
 	if !slices.Equal(got, all) {
@@ -254,7 +254,7 @@ func TestWheelClockBack(t *testing.T) {
 type oracle []store.Key
 
 func (o *oracle) add(k store.Key) bool {
-	j, found := slices.BinarySearchFunc(*o, k, compareKey)
+	j, found := slices.BinarySearchFunc(*o, k, store.CompareKeys)
 	if found {
 		return false
 	}
@@ -263,7 +263,7 @@ func (o *oracle) add(k store.Key) bool {
 }
 
 func (o *oracle) cancel(k store.Key) bool {
-	j, found := slices.BinarySearchFunc(*o, k, compareKey)
+	j, found := slices.BinarySearchFunc(*o, k, store.CompareKeys)
 	if found {
 		*o = slices.Delete(*o, j, j+1)
 	}

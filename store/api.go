@@ -64,6 +64,31 @@ func (k Key) Priority() uint8 { return 255 - k[8] }
 // Seq is the store-wide publish sequence.
 func (k Key) Seq() uint64 { return binary.BigEndian.Uint64(k[9:17]) }
 
+// CompareKeys orders keys in release order, as bytes.Compare orders their
+// bytes (in three word compares): it sorts and searches slices of keys.
+func CompareKeys(a, b Key) int {
+	if x, y := binary.BigEndian.Uint64(a[0:8]), binary.BigEndian.Uint64(b[0:8]); x != y {
+		if x < y {
+			return -1
+		}
+		return 1
+	}
+	if a[8] != b[8] {
+		if a[8] < b[8] {
+			return -1
+		}
+		return 1
+	}
+	x, y := binary.BigEndian.Uint64(a[9:17]), binary.BigEndian.Uint64(b[9:17])
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
 // Message is one delayed message as stored.
 type Message struct {
 	Key         Key    // assigned by Put from Due, Priority and a new sequence

@@ -115,7 +115,7 @@ func (s *Store) moveCascade(res scanResult) error {
 				keys = append(keys, k)
 			}
 		}
-		slices.SortFunc(keys, compareKeys)
+		slices.SortFunc(keys, CompareKeys)
 		keys = slices.Compact(keys)
 	}
 	// Fill each slot in sequence order: every insert appends.
@@ -207,7 +207,7 @@ func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]Key, int64) {
 	}
 	keys := []Key(*h)
 	if evicted == math.MaxInt64 {
-		slices.SortFunc(keys, compareKeys)
+		slices.SortFunc(keys, CompareKeys)
 		return keys, hi
 	}
 	limit := evicted / s.slotMs * s.slotMs
@@ -223,6 +223,6 @@ func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]Key, int64) {
 	} else {
 		keys = slices.DeleteFunc(keys, func(k Key) bool { return k.Due() >= limit })
 	}
-	slices.SortFunc(keys, compareKeys)
+	slices.SortFunc(keys, CompareKeys)
 	return keys, limit
 }

@@ -82,7 +82,7 @@ func TestCascadeLikeAScheduler(t *testing.T) {
 					t.Fatalf("key %x due %d never returned", k[:], k.Due())
 				}
 			}
-			if !slices.IsSortedFunc(seen, compareKeys) {
+			if !slices.IsSortedFunc(seen, CompareKeys) {
 				t.Fatal("keys not returned in release order across windows")
 			}
 			st := h.s.Stats()
@@ -155,7 +155,7 @@ func TestListAndCounts(t *testing.T) {
 	}
 	h.put(xs...)
 	h.put(ys...)
-	slices.SortFunc(xs, func(a, b *Message) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(xs, func(a, b *Message) int { return CompareKeys(a.Key, b.Key) })
 
 	for _, limit := range []int{1, 3, 7, 40, 1000} {
 		var got []*Message
@@ -193,7 +193,7 @@ func TestListAndCounts(t *testing.T) {
 	}
 
 	minDue := func(ms []*Message) int64 {
-		return slices.MinFunc(ms, func(a, b *Message) int { return compareKeys(a.Key, b.Key) }).Due
+		return slices.MinFunc(ms, func(a, b *Message) int { return CompareKeys(a.Key, b.Key) }).Due
 	}
 	want := []ExchangeCount{
 		{VHost: "/", Exchange: "idle"},
@@ -420,13 +420,13 @@ func TestScanBusySlotInChunks(t *testing.T) {
 			want = append(want, m.Key)
 		}
 	}
-	slices.SortFunc(want, compareKeys)
+	slices.SortFunc(want, CompareKeys)
 	var got []Key
 	var last Key
 	for {
 		n := 0
 		err := h.s.ScanKeys(last.Due(), base, func(k Key) error {
-			if len(got) > 0 && compareKeys(k, last) <= 0 {
+			if len(got) > 0 && CompareKeys(k, last) <= 0 {
 				return nil
 			}
 			got = append(got, k)

@@ -202,10 +202,10 @@ func (h slotHeap) down(i int) {
 			return
 		}
 		m := l
-		if r := l + 1; r < len(h) && compareKeys(h[r].k, h[l].k) < 0 {
+		if r := l + 1; r < len(h) && CompareKeys(h[r].k, h[l].k) < 0 {
 			m = r
 		}
-		if compareKeys(h[m].k, h[i].k) >= 0 {
+		if CompareKeys(h[m].k, h[i].k) >= 0 {
 			return
 		}
 		h[i], h[m] = h[m], h[i]
@@ -369,7 +369,7 @@ func (s *Store) List(vhost, exchange string, after Key, limit int, withBody bool
 					continue
 				}
 				k := keyFromStored(fkey)
-				if !match(k[:], v) || (h.Len() == need && compareKeys(k, (*h)[0]) > 0) {
+				if !match(k[:], v) || (h.Len() == need && CompareKeys(k, (*h)[0]) > 0) {
 					continue
 				}
 				heap.Push(h, k)
@@ -378,7 +378,7 @@ func (s *Store) List(vhost, exchange string, after Key, limit int, withBody bool
 				}
 			}
 			keys := []Key(*h)
-			slices.SortFunc(keys, compareKeys)
+			slices.SortFunc(keys, CompareKeys)
 			for _, k := range keys {
 				m, err := decodeMessage(k, fb.Get(storedKey(k)), withBody)
 				if err != nil {

@@ -57,7 +57,7 @@ func TestReleaseMarksInSlot(t *testing.T) {
 	for i, m := range msgs {
 		keys[i] = m.Key
 	}
-	slices.SortFunc(keys, compareKeys) // release order: spread over the slot's pages
+	slices.SortFunc(keys, CompareKeys) // release order: spread over the slot's pages
 	ctx := context.Background()
 
 	before := h.s.Stats()
@@ -263,7 +263,7 @@ func TestReleaseMarksModel(t *testing.T) {
 	verify := func(step int) {
 		t.Helper()
 		want := slices.Collect(maps.Keys(model))
-		slices.SortFunc(want, compareKeys)
+		slices.SortFunc(want, CompareKeys)
 		got := h.keys(0, base+500)
 		var wantSlots []Key
 		for _, k := range want {

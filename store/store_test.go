@@ -189,7 +189,7 @@ func TestReleaseOrder(t *testing.T) {
 			if got := bodies(t, h.s, keys); !slices.Equal(got, tc.want) {
 				t.Fatalf("release order %q, want %q", got, tc.want)
 			}
-			if !slices.IsSortedFunc(keys, compareKeys) {
+			if !slices.IsSortedFunc(keys, CompareKeys) {
 				t.Fatalf("keys not sorted: %x", keys)
 			}
 			h.reopen()

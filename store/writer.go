@@ -669,13 +669,11 @@ func (b *batch) finish() error {
 	return nil
 }
 
-func compareKeys(a, b Key) int { return bytes.Compare(a[:], b[:]) }
-
 // keyHeap is a max-heap of keys.
 type keyHeap []Key
 
 func (h keyHeap) Len() int           { return len(h) }
-func (h keyHeap) Less(i, j int) bool { return compareKeys(h[i], h[j]) > 0 }
+func (h keyHeap) Less(i, j int) bool { return CompareKeys(h[i], h[j]) > 0 }
 func (h keyHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
 func (h *keyHeap) Push(x any)        { *h = append(*h, x.(Key)) }
 func (h *keyHeap) Pop() any {
