@@ -78,12 +78,8 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		return err
 	}
 
-	releaseURL := p.cfg.ReleaseURL
-	if releaseURL == "" {
-		releaseURL = p.cfg.UpstreamURL
-	}
 	rel, err := releaser.New(releaser.Config{
-		URL:          releaseURL,
+		URL:          p.cfg.ReleaseAccountURL(),
 		Lookup:       st.Exchange,
 		OnUnroutable: func(vhost, exchange, key string) { m.Unroutable(1) },
 		OnReconnect:  func(string) { m.UpstreamReconnect() },
