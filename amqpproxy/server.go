@@ -342,3 +342,11 @@ func (srv *Server) stopAccepting() []*session {
 	}
 	return out
 }
+
+// setNoDelay turns Nagle off on TCP connections (Go's default, made explicit
+// because the relay depends on it).
+func setNoDelay(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+}
