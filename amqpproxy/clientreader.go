@@ -84,7 +84,7 @@ func (s *session) fromClient(f wire.Frame) bool {
 		return true
 	}
 	if s.state.Load() == connProxyClosing {
-		return s.clientWhileClosing(f)
+		return s.whileClosing(clientSide, f)
 	}
 	if f.Channel != 0 && s.draining.Load() {
 		// Shutting down: only the rest of a content already begun.
@@ -101,7 +101,7 @@ func (s *session) fromClient(f wire.Frame) bool {
 		}
 	}
 	if f.Channel == 0 {
-		return s.clientConnFrame(f)
+		return s.connFrame(clientSide, f)
 	}
 	ch := s.chans.get(f.Channel)
 	if ch == nil {

@@ -33,7 +33,7 @@ func (s *session) relayPublish(p *Publish) {
 	q := s.uw.q
 	q.push(outItem{kind: itemRelay, ch: ch, buf: s.cArena.frame(wire.FrameMethod, ch.id, p.methodPayload)})
 	q.push(outItem{kind: itemRelay, ch: ch, buf: s.cArena.frame(wire.FrameHeader, ch.id, p.Header)})
-	s.splitBody(q, &s.cArena, wire.Frame{Type: wire.FrameBody, Channel: ch.id, Payload: p.Body}, ch, s.upMaxBody)
+	splitBody(q, &s.cArena, wire.Frame{Type: wire.FrameBody, Channel: ch.id, Payload: p.Body}, ch, s.upMaxBody)
 }
 
 // clientMethodHooked relays a method on a connection with hooks: listed

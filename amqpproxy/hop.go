@@ -1,30 +1,70 @@
 package amqpproxy
 
 import (
-	"time"
-
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 )
+
+// side names a hop of the session by who is at its far end: the client or
+// RabbitMQ. What is alike on both hops (relaying, channel 0) is written once
+// and told which side a frame came from.
+type side uint8
+
+const (
+	clientSide side = iota
+	upstreamSide
+)
+
+func (d side) other() side { return d ^ 1 }
+
+// closing is the connection state once this side sent connection.close.
+func (d side) closing() uint32 {
+	if d == clientSide {
+		return connClientClosing
+	}
+	return connUpstreamClosing
+}
+
+// closedErr is why the session ended once this side's connection.close
+// was answered.
+func (d side) closedErr() error {
+	if d == clientSide {
+		return errClientClosed
+	}
+	return errUpstreamClosed
+}
 
 // relayUp queues a client frame for RabbitMQ, re-splitting a body frame
 // larger than the upstream frame_max. It reports false once the upstream
 // writer is gone.
 func (s *session) relayUp(f wire.Frame, ch *Channel) bool {
-	if f.Type == wire.FrameBody && len(f.Payload) > s.upMaxBody {
-		return s.splitBody(s.uw.q, &s.cArena, f, ch, s.upMaxBody)
-	}
-	return s.uw.q.push(outItem{kind: itemRelay, ch: ch, buf: s.cArena.frame(f.Type, f.Channel, f.Payload)})
+	return relay(s.uw.q, &s.cArena, s.upMaxBody, f, ch)
 }
 
-// relayDown queues an upstream frame for the client.
+// relayDown queues an upstream frame for the client, re-splitting a body
+// frame larger than the client's frame_max. It reports false once the
+// client writer is gone.
 func (s *session) relayDown(f wire.Frame, ch *Channel) bool {
-	if f.Type == wire.FrameBody && len(f.Payload) > s.downMaxBody {
-		return s.splitBody(s.cw.q, &s.uArena, f, ch, s.downMaxBody)
-	}
-	return s.cw.q.push(outItem{kind: itemRelay, ch: ch, buf: s.uArena.frame(f.Type, f.Channel, f.Payload)})
+	return relay(s.cw.q, &s.uArena, s.downMaxBody, f, ch)
 }
 
-func (s *session) splitBody(q *outQueue, a *arena, f wire.Frame, ch *Channel, max int) bool {
+// relayFrom queues a frame read from side from for the other side.
+func (s *session) relayFrom(from side, f wire.Frame, ch *Channel) bool {
+	if from == clientSide {
+		return s.relayUp(f, ch)
+	}
+	return s.relayDown(f, ch)
+}
+
+// relay queues a copy of f (carved from the reader's arena a) on q,
+// re-splitting a body frame larger than maxBody.
+func relay(q *outQueue, a *arena, maxBody int, f wire.Frame, ch *Channel) bool {
+	if f.Type == wire.FrameBody && len(f.Payload) > maxBody {
+		return splitBody(q, a, f, ch, maxBody)
+	}
+	return q.push(outItem{kind: itemRelay, ch: ch, buf: a.frame(f.Type, f.Channel, f.Payload)})
+}
+
+func splitBody(q *outQueue, a *arena, f wire.Frame, ch *Channel, max int) bool {
 	for p := f.Payload; len(p) > 0; {
 		n := min(len(p), max)
 		if !q.push(outItem{kind: itemRelay, ch: ch, buf: a.frame(wire.FrameBody, f.Channel, p[:n])}) {
@@ -35,90 +75,55 @@ func (s *session) splitBody(q *outQueue, a *arena, f wire.Frame, ch *Channel, ma
 	return true
 }
 
-// clientWhileClosing: the proxy is closing the connection; only the
-// client's close-ok (or its own close) matters now.
-func (s *session) clientWhileClosing(f wire.Frame) bool {
+// sendTo queues a frame made by the proxy (a connection method) for side
+// to; it never waits and is never dropped.
+func (s *session) sendTo(to side, frame []byte) {
+	w := s.cw
+	if to == upstreamSide {
+		w = s.uw
+	}
+	w.q.pushNow(outItem{kind: itemLifecycle, buf: frame})
+}
+
+// connFrame handles a frame on channel 0 read from side from. Every frame
+// is relayed; connection.close marks the connection closing by that side,
+// and the close-ok that answers the other side's close ends the session.
+func (s *session) connFrame(from side, f wire.Frame) bool {
+	if f.Type == wire.FrameMethod {
+		switch id, _ := wire.PeekMethodID(f.Payload); id {
+		case wire.IDConnectionClose:
+			s.mu.Lock()
+			if s.state.Load() == connRunning {
+				s.state.Store(from.closing())
+			}
+			s.mu.Unlock()
+			if from == upstreamSide {
+				return s.upstreamClose(f)
+			}
+		case wire.IDConnectionCloseOk:
+			if s.state.Load() == from.other().closing() {
+				ok := s.relayFrom(from, f, nil)
+				s.stop(from.other().closedErr())
+				return ok
+			}
+		}
+	}
+	return s.relayFrom(from, f, nil)
+}
+
+// whileClosing handles a frame read from side from while the proxy closes
+// the connection: only that side's close-ok (or its own close, answered)
+// matters now.
+func (s *session) whileClosing(from side, f wire.Frame) bool {
 	if f.Channel != 0 || f.Type != wire.FrameMethod {
 		return true
 	}
 	switch id, _ := wire.PeekMethodID(f.Payload); id {
 	case wire.IDConnectionCloseOk:
-		s.closeOK(true)
+		s.closeOK(from)
 	case wire.IDConnectionClose:
-		s.sendClient(methodFrame(nil, 0, &wire.ConnectionCloseOk{}))
-		s.closeOK(true)
-	}
-	return true
-}
-
-// clientConnFrame handles a client frame on channel 0.
-func (s *session) clientConnFrame(f wire.Frame) bool {
-	if f.Type == wire.FrameMethod {
-		id, _ := wire.PeekMethodID(f.Payload)
-		switch id {
-		case wire.IDConnectionClose:
-			s.mu.Lock()
-			if s.state.Load() == connRunning {
-				s.state.Store(connClientClosing)
-			}
-			s.mu.Unlock()
-		case wire.IDConnectionCloseOk:
-			if s.state.Load() == connUpstreamClosing {
-				ok := s.relayUp(f, nil)
-				s.stop(errUpstreamClosed)
-				return ok
-			}
-		}
-	}
-	return s.relayUp(f, nil)
-}
-
-// upstreamConnFrame handles an upstream frame on channel 0.
-func (s *session) upstreamConnFrame(f wire.Frame) bool {
-	if f.Type == wire.FrameMethod {
-		id, _ := wire.PeekMethodID(f.Payload)
-		switch id {
-		case wire.IDConnectionClose:
-			s.mu.Lock()
-			if s.state.Load() == connRunning {
-				s.state.Store(connUpstreamClosing)
-			}
-			s.mu.Unlock()
-			var cm wire.ConnectionClose
-			if cm.Decode(f.Payload[4:]) == nil {
-				s.log.Info("upstream closed the connection", "code", cm.ReplyCode, "reason", cm.ReplyText)
-				s.mu.Lock()
-				if s.reason == nil {
-					s.reason = &wire.Error{Code: cm.ReplyCode, Text: cm.ReplyText, ClassID: cm.ClassID, MethodID: cm.MethodID}
-				}
-				s.mu.Unlock()
-			}
-			ok := s.relayDown(f, nil)
-			s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
-			return ok
-		case wire.IDConnectionCloseOk:
-			if s.state.Load() == connClientClosing {
-				ok := s.relayDown(f, nil)
-				s.stop(errClientClosed)
-				return ok
-			}
-		}
-	}
-	return s.relayDown(f, nil)
-}
-
-// upstreamWhileClosing: the proxy is closing the connection; only
-// RabbitMQ's close-ok (or its own close) matters now.
-func (s *session) upstreamWhileClosing(f wire.Frame) bool {
-	if f.Channel != 0 || f.Type != wire.FrameMethod {
-		return true
-	}
-	switch id, _ := wire.PeekMethodID(f.Payload); id {
-	case wire.IDConnectionCloseOk:
-		s.closeOK(false)
-	case wire.IDConnectionClose:
-		s.uw.q.pushNow(outItem{kind: itemLifecycle, buf: methodFrame(nil, 0, &wire.ConnectionCloseOk{})})
-		s.closeOK(false)
+		s.sendTo(from, methodFrame(nil, 0, &wire.ConnectionCloseOk{}))
+		s.closeOK(from)
 	}
 	return true
 }

@@ -54,12 +54,11 @@ type session struct {
 
 	state atomic.Uint32 // connRunning...; written under mu
 
-	mu         sync.Mutex // guards the fields below
-	clientOK   bool       // connProxyClosing: the client hop is done
-	upstreamOK bool       // connProxyClosing: the upstream hop is done
-	reason     error      // why the session ended, first one wins
-	aborted    bool       // Server.Close: conns are closed, dial nothing more
-	openSent   bool       // the handshake is sending (or sent) connection.open-ok
+	mu       sync.Mutex // guards the fields below
+	hopDone  [2]bool    // connProxyClosing: the hop of each side is done (closed or answered)
+	reason   error      // why the session ended, first one wins
+	aborted  bool       // Server.Close: conns are closed, dial nothing more
+	openSent bool       // the handshake is sending (or sent) connection.open-ok
 
 	// handshook is closed when the handshake returned; after it, cw and uw
 	// are set if the handshake succeeded.
@@ -284,36 +283,27 @@ func (s *session) closeConn(e *wire.Error) {
 	if s.reason == nil {
 		s.reason = e
 	}
-	upOK := s.upstreamOK
+	upOK := s.hopDone[upstreamSide]
 	s.mu.Unlock()
 	s.log.Warn("closing connection", "code", e.Code, "reason", e.Text)
-	s.sendClient(connCloseFrame(e))
+	s.sendTo(clientSide, connCloseFrame(e))
 	deadline := time.Now().Add(s.srv.cfg.CloseTimeout)
 	s.client.setDeadlineBefore(deadline)
 	if !upOK {
-		s.uw.q.pushNow(outItem{kind: itemLifecycle, buf: methodFrame(nil, 0, &wire.ConnectionClose{
-			ReplyCode: wire.ReplySuccess, ReplyText: "delayproxy: client connection closed (" + e.Error() + ")"})})
+		s.sendTo(upstreamSide, methodFrame(nil, 0, &wire.ConnectionClose{
+			ReplyCode: wire.ReplySuccess, ReplyText: "delayproxy: client connection closed (" + e.Error() + ")"}))
 		s.upstream.setDeadlineBefore(deadline)
 	}
 }
 
 // closeOK records a close-ok (or the end) of one hop in connProxyClosing,
 // and stops the session when both hops are done.
-func (s *session) closeOK(client bool) {
+func (s *session) closeOK(d side) {
 	s.mu.Lock()
-	if client {
-		s.clientOK = true
-	} else {
-		s.upstreamOK = true
-	}
-	both := s.clientOK && s.upstreamOK
+	s.hopDone[d] = true
+	both := s.hopDone[clientSide] && s.hopDone[upstreamSide]
 	s.mu.Unlock()
 	if both {
 		s.stop(s.endReason())
 	}
-}
-
-// sendClient queues a frame made by the proxy for the client.
-func (s *session) sendClient(frame []byte) {
-	s.cw.q.pushNow(outItem{kind: itemLifecycle, buf: frame})
 }

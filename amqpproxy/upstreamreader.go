@@ -28,8 +28,8 @@ func (s *session) upstreamReadFailed(err error) {
 	s.mu.Lock()
 	prev := s.state.Load()
 	s.state.Store(connProxyClosing)
-	s.upstreamOK = true
-	clientOK := s.clientOK
+	s.hopDone[upstreamSide] = true
+	clientOK := s.hopDone[clientSide]
 	s.mu.Unlock()
 	s.uw.q.close()
 	switch prev {
@@ -39,10 +39,10 @@ func (s *session) upstreamReadFailed(err error) {
 			reason = "upstream missed heartbeats"
 		}
 		s.log.Warn(reason+", closing the client connection", "upstream", s.srv.up.hostport, "err", err)
-		s.sendClient(connCloseFrame(&wire.Error{Code: wire.ConnectionForced, Text: "delayproxy: " + reason}))
+		s.sendTo(clientSide, connCloseFrame(&wire.Error{Code: wire.ConnectionForced, Text: "delayproxy: " + reason}))
 		s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
 	case connClientClosing:
-		s.sendClient(methodFrame(nil, 0, &wire.ConnectionCloseOk{}))
+		s.sendTo(clientSide, methodFrame(nil, 0, &wire.ConnectionCloseOk{}))
 		s.stop(errClientClosed)
 	case connUpstreamClosing:
 		s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
@@ -59,10 +59,10 @@ func (s *session) fromUpstream(f wire.Frame) bool {
 		return true
 	}
 	if s.state.Load() == connProxyClosing {
-		return s.upstreamWhileClosing(f)
+		return s.whileClosing(upstreamSide, f)
 	}
 	if f.Channel == 0 {
-		return s.upstreamConnFrame(f)
+		return s.connFrame(upstreamSide, f)
 	}
 	if f.Channel == s.reserved {
 		s.reservedFrame(f) // the proxy's own: never relayed
@@ -165,6 +165,24 @@ func (s *session) upstreamContent(ch *Channel, f wire.Frame) bool {
 		return s.relayDown(f, ch)
 	}
 	return true
+}
+
+// upstreamClose relays RabbitMQ's connection.close (see connFrame): its
+// code and text become the session's end reason, and the client has the
+// close timeout to answer it.
+func (s *session) upstreamClose(f wire.Frame) bool {
+	var cm wire.ConnectionClose
+	if cm.Decode(f.Payload[4:]) == nil {
+		s.log.Info("upstream closed the connection", "code", cm.ReplyCode, "reason", cm.ReplyText)
+		s.mu.Lock()
+		if s.reason == nil {
+			s.reason = &wire.Error{Code: cm.ReplyCode, Text: cm.ReplyText, ClassID: cm.ClassID, MethodID: cm.MethodID}
+		}
+		s.mu.Unlock()
+	}
+	ok := s.relayDown(f, nil)
+	s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
+	return ok
 }
 
 // proxyCloseUpstreamDone: RabbitMQ answered the proxy's channel.close; now
