@@ -86,7 +86,5 @@ func (r *readTimer) setDeadlineBefore(t time.Time) {
 // isTimeout reports whether err is a deadline that expired.
 func isTimeout(err error) bool {
 	var ne net.Error
-	return errors.Is(err, errDeadline) || (errors.As(err, &ne) && ne.Timeout())
+	return errors.As(err, &ne) && ne.Timeout()
 }
-
-var errDeadline = errors.New("deadline exceeded")
