@@ -131,9 +131,10 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		KeyFile:          p.cfg.TLSKey,
 		Interceptor:      icpt,
 		HandshakeTimeout: p.cfg.HandshakeTimeout,
-		Heartbeat:        heartbeatOffer(p.cfg.Heartbeat),
+		Heartbeat:        p.cfg.Heartbeat,
 		MaxMessageSize:   int(p.cfg.MaxMessageSize),
 		Logger:           p.log.With("room", "amqpproxy"),
+		Version:          VersionString(),
 		Metrics:          relayMetrics{m},
 	})
 	if err != nil {
@@ -243,15 +244,6 @@ const MaxReleasesInFlight = 4096
 // p99 of 12-19 ms. A crash releases them again: at most
 // 5×MaxReleasesInFlight, as without it.
 const ReleaseDeleteLinger = 20 * time.Millisecond
-
-// heartbeatOffer is Config.Heartbeat as amqpproxy.Config takes it: there 0
-// relays RabbitMQ's proposal and a negative value disables heartbeats.
-func heartbeatOffer(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
-	}
-	return d
-}
 
 // vhostsOf lists the distinct vhosts of the delayed exchanges.
 func vhostsOf(defs []store.ExchangeDef) []string {
