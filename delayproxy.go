@@ -135,7 +135,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		MaxMessageSize:   int(p.cfg.MaxMessageSize),
 		Logger:           p.log.With("room", "amqpproxy"),
 		Version:          VersionString(),
-		Metrics:          relayMetrics{m},
+		Metrics:          m,
 	})
 	if err != nil {
 		return err
@@ -217,19 +217,6 @@ func dialUpstream(ctx context.Context, rawURL string) error {
 	}
 	return c.Close()
 }
-
-// relayMetrics feeds the relay's counts to the metrics.
-type relayMetrics struct{ *metrics.Metrics }
-
-func (r relayMetrics) Relayed(toUpstream bool, frames, bytes int) {
-	d := metrics.UpstreamToClient
-	if toUpstream {
-		d = metrics.ClientToUpstream
-	}
-	r.Metrics.Relayed(d, frames, bytes)
-}
-
-func (r relayMetrics) PublishTooLarge() { r.Metrics.Refused(metrics.RefusedTooLarge) }
 
 // MaxReleasesInFlight is the most releases published and not yet confirmed by
 // RabbitMQ. It bounds the duplicates a crash can cause (at-least-once).
