@@ -232,10 +232,12 @@ func (s *session) clientMethodProxyClosing(ch *Channel, id wire.MethodID) {
 func (s *session) clientPublish(ch *Channel, f wire.Frame) bool {
 	if s.hooks != nil {
 		var m wire.BasicPublish
-		if err := m.Decode(f.Payload[4:]); err == nil && s.hooks.InterceptsPublish(ch, &m) {
-			ch.in = contentIn{phase: inHeader, pub: &Publish{Channel: ch, Message: Message{Publish: m},
-				methodPayload: append([]byte(nil), f.Payload...)}}
-			return true
+		if err := m.Decode(f.Payload[4:]); err == nil {
+			if claim, ok := s.hooks.InterceptsPublish(ch, &m); ok {
+				ch.in = contentIn{phase: inHeader, pub: &Publish{Channel: ch, Message: Message{Publish: m}, Claim: claim,
+					methodPayload: append([]byte(nil), f.Payload...)}}
+				return true
+			}
 		}
 	}
 	ch.in = contentIn{phase: inHeader, relay: true}

@@ -3,6 +3,7 @@ package delayed
 import (
 	"fmt"
 
+	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/store"
 )
@@ -53,4 +54,94 @@ func Def(vhost string, up *wire.ExchangeDeclare) *store.ExchangeDef {
 		Internal:    up.Internal,
 		Arguments:   append([]byte(nil), up.Arguments...),
 	}
+}
+
+// declare declares the real exchange upstream, then records it.
+func (h *connHooks) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
+	up, err := RealDeclare(m)
+	if err != nil {
+		closeCall(call, err)
+		return
+	}
+	done := make(chan struct{})
+	h.mu.Lock()
+	prev := h.declaring[m.Exchange]
+	h.declaring[m.Exchange] = done
+	h.mu.Unlock()
+	finish := func() {
+		h.mu.Lock()
+		if h.declaring[m.Exchange] == done {
+			delete(h.declaring, m.Exchange)
+		}
+		h.mu.Unlock()
+		close(done)
+	}
+	def := Def(h.c.VHost, &up)
+	what := "record delayed exchange " + m.Exchange
+	noWait := m.NoWait
+	call.Relay(&up, func(r *amqpproxy.Reply) {
+		if r.Err != nil || r.Method.ID() != wire.IDExchangeDeclareOk {
+			finish()
+			if r.Err == nil {
+				r.Pass()
+			}
+			return
+		}
+		h.recordThenAnswer(r, noWait, what, func() error {
+			defer finish()
+			if prev != nil {
+				<-prev
+			}
+			return h.i.cfg.Store.PutExchange(h.i.ctx, def)
+		})
+	})
+}
+
+// recordThenAnswer runs a registry write after RabbitMQ's OK, off the
+// upstream reader (it fsyncs), then answers the client: RabbitMQ's reply,
+// nothing for a request it sent with no-wait, or 541 when the write failed.
+func (h *connHooks) recordThenAnswer(r *amqpproxy.Reply, noWait bool, what string, write func() error) {
+	h.i.wg.Go(func() {
+		if err := write(); err != nil {
+			h.i.cfg.Logger.Error("cannot "+what, "vhost", h.c.VHost, "err", err)
+			r.CloseChannel(wire.InternalError, "cannot "+what+": "+err.Error())
+			return
+		}
+		if noWait {
+			r.Drop()
+		} else {
+			r.Pass()
+		}
+	})
+}
+
+// delete deletes the real exchange upstream, then drops the delayed
+// exchange and its pending messages.
+func (h *connHooks) delete(call *amqpproxy.Call, m *wire.ExchangeDelete) {
+	req := *m
+	req.NoWait = false
+	noWait := m.NoWait
+	vhost, name := h.c.VHost, m.Exchange
+	call.Relay(&req, func(r *amqpproxy.Reply) {
+		if r.Err != nil || r.Method.ID() != wire.IDExchangeDeleteOk {
+			if r.Err == nil {
+				r.Pass()
+			}
+			return
+		}
+		h.recordThenAnswer(r, noWait, "drop delayed exchange "+name, func() error {
+			n, err := h.i.cfg.Store.DeleteExchange(h.i.ctx, vhost, name)
+			if n > 0 {
+				h.i.cfg.Metrics.Discarded(int(n))
+				h.i.cfg.Logger.Info("delayed exchange deleted, pending messages discarded", "vhost", vhost, "exchange", name, "discarded", n)
+			}
+			return err
+		})
+	})
+}
+
+// closeCall closes the call's channel with the error's code and text.
+func closeCall(call *amqpproxy.Call, err error) {
+	code, text := replyOf(err)
+	call.CloseChannel(code, text)
 }
