@@ -11,17 +11,17 @@ import (
 // Exchange type and argument of the delayed-message plugin's API.
 const (
 	TypeDelayed    = "x-delayed-message"
-	ArgDelayedType = "x-delayed-type"
+	argDelayedType = "x-delayed-type"
 )
 
-// RealDeclare checks a non-passive declare of an x-delayed-message exchange
+// realDeclare checks a non-passive declare of an x-delayed-message exchange
 // and returns the declare the proxy sends upstream: the same exchange with
 // the underlying type from x-delayed-type, arguments unchanged (x-delayed-type
 // included, so a redeclare with other arguments fails upstream as it would
 // with the plugin), and nowait off, since the proxy records the exchange only
 // once RabbitMQ has declared it. Errors carry the plugin's codes and texts.
-func RealDeclare(m *wire.ExchangeDeclare) (wire.ExchangeDeclare, error) {
-	v, ok, err := m.Arguments.Get(ArgDelayedType)
+func realDeclare(m *wire.ExchangeDeclare) (wire.ExchangeDeclare, error) {
+	v, ok, err := m.Arguments.Get(argDelayedType)
 	if err != nil {
 		return wire.ExchangeDeclare{}, err // the codec's 501
 	}
@@ -43,8 +43,8 @@ func RealDeclare(m *wire.ExchangeDeclare) (wire.ExchangeDeclare, error) {
 	return up, nil
 }
 
-// Def is the registry record of a declared delayed exchange.
-func Def(vhost string, up *wire.ExchangeDeclare) *store.ExchangeDef {
+// registryDef is the registry record of a declared delayed exchange.
+func registryDef(vhost string, up *wire.ExchangeDeclare) *store.ExchangeDef {
 	return &store.ExchangeDef{
 		VHost:       vhost,
 		Name:        up.Exchange,
@@ -58,7 +58,7 @@ func Def(vhost string, up *wire.ExchangeDeclare) *store.ExchangeDef {
 
 // declare declares the real exchange upstream, then records it.
 func (h *connHooks) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
-	up, err := RealDeclare(m)
+	up, err := realDeclare(m)
 	if err != nil {
 		closeCall(call, err)
 		return
@@ -76,7 +76,7 @@ func (h *connHooks) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
 		h.mu.Unlock()
 		close(done)
 	}
-	def := Def(h.c.VHost, &up)
+	def := registryDef(h.c.VHost, &up)
 	what := "record delayed exchange " + m.Exchange
 	noWait := m.NoWait
 	call.Relay(&up, func(r *amqpproxy.Reply) {

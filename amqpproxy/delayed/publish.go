@@ -67,10 +67,10 @@ func (h *connHooks) Publish(p *amqpproxy.Publish) {
 		h.c.Close(wire.SyntaxError, "content header: "+err.Error())
 		return
 	}
-	ms, held, err := ParseDelay(props.Headers, h.i.cfg.MaxDelay)
+	ms, held, err := parseDelay(props.Headers, h.i.cfg.MaxDelay)
 	if err != nil {
 		reason := metrics.RefusedInvalidDelay
-		if errors.Is(err, ErrDelayTooLong) {
+		if errors.Is(err, errDelayTooLong) {
 			reason = metrics.RefusedDelayTooLong
 		}
 		h.i.cfg.Metrics.Refused(reason)
