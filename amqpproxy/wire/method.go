@@ -224,6 +224,8 @@ func appendLongstr(dst []byte, b []byte) []byte {
 // appendTable appends the table's length and its raw entries.
 func appendTable(dst []byte, t Table) []byte { return appendLongstr(dst, t) }
 
+// checkShortstr, checkLongstr and checkTable report a field that an
+// encoder would cut or could not encode faithfully (Properties.Check).
 func checkShortstr(field, s string) error {
 	if len(s) > math.MaxUint8 {
 		return &Error{Code: SyntaxError, Text: field + ": shortstr of " + strconv.Itoa(len(s)) + " bytes", cause: ErrTooLong}
