@@ -127,10 +127,11 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		KeyFile:          p.cfg.TLSKey,
 		Interceptor:      icpt,
 		HandshakeTimeout: p.cfg.HandshakeTimeout,
-		Heartbeat:        heartbeatOffer(p.cfg.Heartbeat),
+		Heartbeat:        p.cfg.Heartbeat,
 		MaxMessageSize:   int(p.cfg.MaxMessageSize),
 		Logger:           p.log.With("room", "amqpproxy"),
-		Metrics:          relayMetrics{m},
+		Version:          VersionString(),
+		Metrics:          m,
 	})
 	if err != nil {
 		return err
@@ -213,19 +214,6 @@ func dialUpstream(ctx context.Context, rawURL string) error {
 	return c.Close()
 }
 
-// relayMetrics feeds the relay's counts to the metrics.
-type relayMetrics struct{ *metrics.Metrics }
-
-func (r relayMetrics) Relayed(toUpstream bool, frames, bytes int) {
-	d := metrics.UpstreamToClient
-	if toUpstream {
-		d = metrics.ClientToUpstream
-	}
-	r.Metrics.Relayed(d, frames, bytes)
-}
-
-func (r relayMetrics) PublishTooLarge() { r.Metrics.Refused(metrics.RefusedTooLarge) }
-
 // MaxReleasesInFlight is the most releases published and not yet confirmed by
 // RabbitMQ. It bounds the duplicates a crash can cause (at-least-once).
 const MaxReleasesInFlight = 4096
@@ -239,15 +227,6 @@ const MaxReleasesInFlight = 4096
 // p99 of 12-19 ms. A crash releases them again: at most
 // 5×MaxReleasesInFlight, as without it.
 const ReleaseDeleteLinger = 20 * time.Millisecond
-
-// heartbeatOffer is Config.Heartbeat as amqpproxy.Config takes it: there 0
-// relays RabbitMQ's proposal and a negative value disables heartbeats.
-func heartbeatOffer(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
-	}
-	return d
-}
 
 // vhostsOf lists the distinct vhosts of the delayed exchanges.
 func vhostsOf(defs []store.ExchangeDef) []string {

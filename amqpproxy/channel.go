@@ -271,3 +271,21 @@ func methodFrame(dst []byte, ch uint16, m wire.Method) []byte {
 	dst[start+3], dst[start+4], dst[start+5], dst[start+6] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
 	return append(dst, wire.FrameEnd)
 }
+
+// freeChannel makes a closed channel's number free; pending replies fail.
+func (s *session) freeChannel(ch *Channel) {
+	ch.mu.Lock()
+	if ch.state.Load() == chClosed {
+		ch.mu.Unlock()
+		return
+	}
+	ch.state.Store(chClosed)
+	waiting := ch.takeWaitingLocked()
+	ch.mu.Unlock()
+	ch.failReplies(waiting, nil)
+	if s.chans.remove(ch.id, ch) {
+		s.open.Add(-1)
+		s.srv.cfg.Metrics.ChannelsOpened(-1)
+	}
+	s.poke()
+}

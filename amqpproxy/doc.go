@@ -1,7 +1,7 @@
 // Package amqpproxy is the AMQP 0-9-1 side of delayproxy: a transparent
 // proxy that relays each client connection to its own connection to
 // RabbitMQ, frame by frame, and lets an Interceptor (the delayed-exchange
-// layer) take part in chosen traffic.
+// layer, package delayed) take part in chosen traffic.
 //
 //	srv, err := amqpproxy.New(amqpproxy.Config{Upstream: "amqp://rabbitmq:5672", Interceptor: nil})
 //	go srv.ListenAndServe(":5673")
@@ -10,16 +10,18 @@
 //
 // # Invariants
 //
-//   - Frames that are not intercepted pass unchanged: the proxy peeks at the
-//     method id (4 bytes) and decodes only what it must act on (channel
-//     lifecycle, confirm and tx select, basic.ack/nack from RabbitMQ, and
-//     the methods an Interceptor asks for). Client properties, tables and
-//     content headers go through byte for byte.
+// The numbers are those of package delayproxy's list.
+//
+//   - Frames that are not intercepted pass unchanged (invariant 7): the
+//     proxy peeks at the method id (4 bytes) and decodes only what it must
+//     act on (channel lifecycle, confirm and tx select, basic.ack/nack from
+//     RabbitMQ, and the methods an Interceptor asks for). Client
+//     properties, tables and content headers go through byte for byte.
 //   - Both hops are tuned alike: the client is offered RabbitMQ's own tune
 //     values (channel_max minus one, kept for the proxy's own use upstream:
-//     Conn.ReservedChannel), and RabbitMQ gets the client's tune-ok. Bodies
-//     are still re-split when a frame would exceed a hop's frame_max;
-//     header frames are never split.
+//     Conn.ReservedChannel; the heartbeat of Config.Heartbeat, 0 for none),
+//     and RabbitMQ gets the client's tune-ok. Bodies are re-split when a
+//     frame would exceed a hop's frame_max; header frames are never split.
 //   - No frame is put inside another message's frames on the same channel:
 //     each writer follows the contents it writes per channel and holds the
 //     proxy's own frames for a channel (confirms, replies, channel.close)
@@ -30,11 +32,12 @@
 //     channel) gets the code and wording RabbitMQ 3.10 uses. Handshake
 //     errors close the socket without a word, as RabbitMQ does; a refused
 //     login or vhost is RabbitMQ's own answer, relayed.
-//   - Graceful shutdown loses no confirm: Server.Shutdown stops taking
-//     methods from each client, waits until every publish handed to the
-//     hooks is answered and every confirm owed on an open channel is
-//     written, and only then sends connection.close 320 (a client that
-//     republishes unconfirmed messages would duplicate the others).
+//   - Graceful shutdown loses no confirm (the proxy's half of invariant 1):
+//     Server.Shutdown stops taking methods from each client, waits until
+//     every publish handed to the hooks is answered and every confirm owed
+//     on an open channel is written, and only then sends connection.close
+//     320 (a client that republishes unconfirmed messages would duplicate
+//     the others).
 //   - Memory is bounded per connection: each writer queue holds at most
 //     Config.WriteQueueBytes of relayed frames (plus one frame); a reader that
 //     finds its peer's queue full stops reading its socket, so a slow reader
@@ -60,7 +63,9 @@
 // (any byte counts as liveness; time spent blocked on a full queue does
 // not count against the peer). A dead upstream gets the client a
 // connection.close 320 CONNECTION_FORCED with the reason; a dead client
-// takes its upstream connection down.
+// takes its upstream connection down. Channel 0 is handled alike on both
+// hops: a connection.close from either side is relayed, and its close-ok
+// ends the session.
 //
 // Channel state (Channel) is split by owner: the client reader owns the
 // client content in progress (ch.in), the upstream reader the upstream one
@@ -72,11 +77,11 @@
 // # Confirm tag mapping
 //
 // In confirm mode the proxy may answer publishes itself, so each channel
-// keeps the client's sequence and RabbitMQ's apart (confirms in confirm.go):
-// every client publish gets the next client tag; a relayed one also the next
-// upstream tag. RabbitMQ's acks and nacks (single or multiple, in any order)
-// are translated by the client writer, in stream order, into client tags:
-// one multiple=true frame for the gapless run from the lowest pending client
+// keeps the client's sequence and RabbitMQ's apart (confirms): every client
+// publish gets the next client tag; a relayed one also the next upstream
+// tag. RabbitMQ's acks and nacks (single or multiple, in any order) are
+// translated by the client writer, in stream order, into client tags: one
+// multiple=true frame for the gapless run from the lowest pending client
 // tag, single frames for the rest, so multiple=true never spans a tag that
 // is pending or was confirmed earlier on its own (amqp091-go would turn such
 // an earlier nack into an ack). basic.return is relayed before the ack that
@@ -90,13 +95,14 @@
 // relay). What the next layer needs and where it is:
 //
 //   - Take over a publish: InterceptsPublish chooses (by exchange) at
-//     basic.publish; the proxy assembles method, header and body into a
-//     Publish and calls ConnHooks.Publish in the client reader (blocking
-//     there is back-pressure on that client). The hook either calls
-//     p.Relay() before returning (x-delay <= 0: the message goes upstream
-//     in order), or keeps p and later, from any goroutine, calls p.Ack(),
-//     p.Nack() (client tags are handled by the proxy; no-ops outside
-//     confirm mode) or p.CloseChannel(406, ...).
+//     basic.publish and returns a claim, what it looked up to decide; the
+//     proxy assembles method, header and body into a Publish (claim in
+//     Publish.Claim) and calls ConnHooks.Publish in the client reader
+//     (blocking there is back-pressure on that client). The hook either
+//     calls p.Relay() before returning (x-delay <= 0: the message goes
+//     upstream in order), or keeps p and later, from any goroutine, calls
+//     p.Ack(), p.Nack() (client tags are handled by the proxy; no-ops
+//     outside confirm mode) or p.CloseChannel(406, ...).
 //   - Rewrite a method or act on RabbitMQ's answer: list the method in
 //     Methods(); Method(call) runs in order with the client's frames and
 //     calls call.Relay(rewritten or nil, onReply), call.Answer(m) or
@@ -122,4 +128,6 @@
 //     publish with an empty body in a transaction rolled back (authz.go).
 //   - Conn carries the vhost, user, client properties and tuning;
 //     ConnHooks.Closed is called once after every other hook returned.
+//
+// Design notes, the file map and figures: docs/amqpproxy.md.
 package amqpproxy

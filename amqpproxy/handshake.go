@@ -13,9 +13,6 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 )
 
-// Version is delayproxy's version, advertised in connection.start.
-const Version = "0.1.0"
-
 // serverCapabilities are the capabilities RabbitMQ advertises; clients
 // (pika, for one) refuse features the server does not announce.
 var serverCapabilities = []string{
@@ -24,20 +21,24 @@ var serverCapabilities = []string{
 	"authentication_failure_close", "per_consumer_qos", "direct_reply_to",
 }
 
-func serverProperties() wire.Table {
+// serverProperties are the server properties of connection.start.
+func serverProperties(version string) wire.Table {
 	caps := map[string]any{}
 	for _, c := range serverCapabilities {
 		caps[c] = true
 	}
-	t, err := wire.EncodeTable(map[string]any{
+	props := map[string]any{
 		"product":      "delayproxy",
-		"version":      Version,
 		"platform":     "Go",
 		"information":  "AMQP 0-9-1 proxy for RabbitMQ with durable delayed exchanges",
 		"capabilities": caps,
-	})
+	}
+	if version != "" {
+		props["version"] = version
+	}
+	t, err := wire.EncodeTable(props)
 	if err != nil {
-		panic(err) // a constant table
+		panic(err) // strings and booleans always encode
 	}
 	return t
 }
@@ -54,8 +55,8 @@ var errHandshake = errors.New("handshake failed")
 
 // handshake runs the connection handshake: the proxy greets the client,
 // logs in to RabbitMQ with the client's start-ok when it arrives, offers the
-// client RabbitMQ's tune values (one channel fewer, kept for the proxy),
-// sends RabbitMQ the client's tune-ok, and relays open and open-ok. Both hops
+// client RabbitMQ's tune values (one channel fewer, kept for the proxy; the
+// heartbeat of Config.Heartbeat), sends RabbitMQ the client's tune-ok, and relays open and open-ok. Both hops
 // end up with the same frame_max and heartbeat. It reports whether the
 // relay can start; on failure the client has been answered as RabbitMQ
 // would answer it, and the caller closes the sockets.
@@ -168,11 +169,9 @@ func (s *session) handshake(ctx context.Context) bool {
 	}
 
 	offer := tune
-	switch hb := cfg.Heartbeat; {
-	case hb > 0:
+	offer.Heartbeat = 0
+	if hb := cfg.Heartbeat; hb > 0 {
 		offer.Heartbeat = uint16(min(hb/time.Second, math.MaxUint16))
-	case hb < 0:
-		offer.Heartbeat = 0
 	}
 	switch tune.ChannelMax {
 	case 0:

@@ -18,14 +18,14 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 )
 
-// TestServerProperties: connection.start advertises delayproxy and
-// RabbitMQ's capabilities.
+// TestServerProperties: connection.start advertises delayproxy, its
+// Config.Version and RabbitMQ's capabilities.
 func TestServerProperties(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
+	p := startProxy(t, Config{Version: "delayproxy 1.2.3"})
 	conn := p.dial(t, amqp.Config{})
-	if conn.Properties["product"] != "delayproxy" {
-		t.Fatalf("product %v", conn.Properties["product"])
+	if conn.Properties["product"] != "delayproxy" || conn.Properties["version"] != "delayproxy 1.2.3" {
+		t.Fatalf("product %v version %v", conn.Properties["product"], conn.Properties["version"])
 	}
 	caps, _ := conn.Properties["capabilities"].(amqp.Table)
 	for _, c := range serverCapabilities {

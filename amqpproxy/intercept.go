@@ -41,8 +41,10 @@ type ConnHooks interface {
 
 	// InterceptsPublish reports whether a basic.publish on an open channel
 	// is to be assembled (method, content header, body) and given to
-	// Publish instead of being relayed frame by frame.
-	InterceptsPublish(ch *Channel, m *wire.BasicPublish) bool
+	// Publish instead of being relayed frame by frame. claim is whatever
+	// the hooks learnt deciding it (the delayed layer's registry record),
+	// handed to Publish as Publish.Claim so it is not looked up again.
+	InterceptsPublish(ch *Channel, m *wire.BasicPublish) (claim any, ok bool)
 
 	// Publish receives an assembled publish chosen by InterceptsPublish.
 	// Before it returns it either calls p.Relay (the message goes upstream
@@ -191,6 +193,8 @@ type Publish struct {
 	// Tag is the client's delivery tag for this publish in confirm mode,
 	// 0 otherwise.
 	Tag uint64
+	// Claim is what InterceptsPublish returned for this publish.
+	Claim any
 
 	methodPayload []byte
 	inHook        bool

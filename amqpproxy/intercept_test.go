@@ -40,8 +40,9 @@ func (h *testHooks) Method(c *Call) {
 	}
 }
 
-func (h *testHooks) InterceptsPublish(ch *Channel, m *wire.BasicPublish) bool {
-	return h.intercepts != nil && h.intercepts(ch, m)
+// InterceptsPublish claims a publish with its exchange's name.
+func (h *testHooks) InterceptsPublish(ch *Channel, m *wire.BasicPublish) (any, bool) {
+	return m.Exchange, h.intercepts != nil && h.intercepts(ch, m)
 }
 
 func (h *testHooks) Publish(p *Publish) {
@@ -425,8 +426,8 @@ func TestInterceptTxGating(t *testing.T) {
 	hooks := &testHooks{methods: []wire.MethodID{wire.IDTxCommit, wire.IDTxRollback}}
 	hooks.intercepts = func(ch *Channel, m *wire.BasicPublish) bool { return m.Exchange == "delayed" }
 	hooks.publish = func(p *Publish) {
-		if !p.Channel.TxMode() {
-			p.CloseChannel(wire.PreconditionFailed, "test wants tx mode")
+		if !p.Channel.TxMode() || p.Claim != "delayed" {
+			p.CloseChannel(wire.PreconditionFailed, fmt.Sprintf("test wants tx mode and InterceptsPublish's claim, got %v", p.Claim))
 			return
 		}
 		mu.Lock()

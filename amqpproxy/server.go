@@ -36,10 +36,9 @@ type Config struct {
 	// HandshakeTimeout bounds the time from accept to connection.open-ok
 	// (default 10 s, RabbitMQ's).
 	HandshakeTimeout time.Duration
-	// Heartbeat, when positive, is the heartbeat interval (whole seconds)
-	// proposed to clients in connection.tune instead of RabbitMQ's; the
-	// client's tune-ok applies to both hops, so they always agree. Negative
-	// proposes none. Zero relays RabbitMQ's proposal.
+	// Heartbeat is the heartbeat interval (whole seconds) proposed to
+	// clients in connection.tune instead of RabbitMQ's; 0 proposes none.
+	// The client's tune-ok applies to both hops, so they always agree.
 	Heartbeat time.Duration
 	// DialTimeout bounds connecting to RabbitMQ (default 5 s).
 	DialTimeout time.Duration
@@ -52,6 +51,10 @@ type Config struct {
 	// MaxMessageSize bounds the body of a publish the interceptor assembles
 	// (default 128 MiB, RabbitMQ's max_message_size).
 	MaxMessageSize int
+
+	// Version is advertised to clients as the version server property of
+	// connection.start; empty advertises none.
+	Version string
 
 	// Logger receives the proxy's logs (default slog.Default()).
 	Logger *slog.Logger
@@ -151,7 +154,7 @@ func New(cfg Config) (*Server, error) {
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{cfg: cfg, up: up, log: cfg.Logger, props: serverProperties(), tls: tlsConf,
+	return &Server{cfg: cfg, up: up, log: cfg.Logger, props: serverProperties(cfg.Version), tls: tlsConf,
 		ctx: ctx, cancel: cancel,
 		listeners: map[net.Listener]struct{}{}, sessions: map[*session]struct{}{}}, nil
 }
@@ -341,4 +344,12 @@ func (srv *Server) stopAccepting() []*session {
 		out = append(out, s)
 	}
 	return out
+}
+
+// setNoDelay turns Nagle off on TCP connections (Go's default, made explicit
+// because the relay depends on it).
+func setNoDelay(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
 }

@@ -223,11 +223,16 @@ func (m *Metrics) ChannelsOpened(delta int) {
 	m.channels.Add(float64(delta))
 }
 
-// Relayed records frames and bytes relayed in one direction. Call it once per
-// read batch rather than per frame where the relay loop allows.
-func (m *Metrics) Relayed(d Direction, frames, bytes int) {
-	if m == nil || d >= numDirections {
+// Relayed records frames and bytes relayed from clients to RabbitMQ
+// (toUpstream) or back. Call it once per write batch rather than per frame
+// where the relay loop allows.
+func (m *Metrics) Relayed(toUpstream bool, frames, bytes int) {
+	if m == nil {
 		return
+	}
+	d := UpstreamToClient
+	if toUpstream {
+		d = ClientToUpstream
 	}
 	m.frames[d].Add(float64(frames))
 	m.bytes[d].Add(float64(bytes))
@@ -275,6 +280,10 @@ func (m *Metrics) Refused(r RefuseReason) {
 	}
 	m.refused[r].Inc()
 }
+
+// PublishTooLarge records a delayed publish refused for a body above
+// --max-message-size (reason too_large).
+func (m *Metrics) PublishTooLarge() { m.Refused(RefusedTooLarge) }
 
 // ReleaseLateness records how long after its due time a message was released.
 func (m *Metrics) ReleaseLateness(late time.Duration) {

@@ -23,9 +23,9 @@ func touch(m *Metrics) {
 	m.ConnClosed()
 	m.ChannelsOpened(3)
 	m.ChannelsOpened(-1)
-	m.Relayed(ClientToUpstream, 2, 100)
-	m.Relayed(UpstreamToClient, 5, 4000)
-	m.Relayed(ClientToUpstream, 1, 8)
+	m.Relayed(true, 2, 100)
+	m.Relayed(false, 5, 4000)
+	m.Relayed(true, 1, 8)
 	m.Stored(7)
 	m.Released(4)
 	m.Cancelled(1)
@@ -73,9 +73,8 @@ func TestValues(t *testing.T) {
 
 func TestLabels(t *testing.T) {
 	m := New()
-	m.Relayed(ClientToUpstream, 2, 10)
-	m.Relayed(UpstreamToClient, 1, 20)
-	m.Relayed(Direction(9), 1, 1) // ignored, never a new series
+	m.Relayed(true, 2, 10)
+	m.Relayed(false, 1, 20)
 	want := `
 # HELP delayproxy_relayed_frames_total AMQP frames relayed unchanged between clients and RabbitMQ.
 # TYPE delayproxy_relayed_frames_total counter

@@ -3,6 +3,7 @@ package delayed
 import (
 	"fmt"
 
+	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/store"
 )
@@ -10,17 +11,17 @@ import (
 // Exchange type and argument of the delayed-message plugin's API.
 const (
 	TypeDelayed    = "x-delayed-message"
-	ArgDelayedType = "x-delayed-type"
+	argDelayedType = "x-delayed-type"
 )
 
-// RealDeclare checks a non-passive declare of an x-delayed-message exchange
+// realDeclare checks a non-passive declare of an x-delayed-message exchange
 // and returns the declare the proxy sends upstream: the same exchange with
 // the underlying type from x-delayed-type, arguments unchanged (x-delayed-type
 // included, so a redeclare with other arguments fails upstream as it would
 // with the plugin), and nowait off, since the proxy records the exchange only
 // once RabbitMQ has declared it. Errors carry the plugin's codes and texts.
-func RealDeclare(m *wire.ExchangeDeclare) (wire.ExchangeDeclare, error) {
-	v, ok, err := m.Arguments.Get(ArgDelayedType)
+func realDeclare(m *wire.ExchangeDeclare) (wire.ExchangeDeclare, error) {
+	v, ok, err := m.Arguments.Get(argDelayedType)
 	if err != nil {
 		return wire.ExchangeDeclare{}, err // the codec's 501
 	}
@@ -42,8 +43,8 @@ func RealDeclare(m *wire.ExchangeDeclare) (wire.ExchangeDeclare, error) {
 	return up, nil
 }
 
-// Def is the registry record of a declared delayed exchange.
-func Def(vhost string, up *wire.ExchangeDeclare) *store.ExchangeDef {
+// registryDef is the registry record of a declared delayed exchange.
+func registryDef(vhost string, up *wire.ExchangeDeclare) *store.ExchangeDef {
 	return &store.ExchangeDef{
 		VHost:       vhost,
 		Name:        up.Exchange,
@@ -53,4 +54,94 @@ func Def(vhost string, up *wire.ExchangeDeclare) *store.ExchangeDef {
 		Internal:    up.Internal,
 		Arguments:   append([]byte(nil), up.Arguments...),
 	}
+}
+
+// declare declares the real exchange upstream, then records it.
+func (h *connHooks) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
+	up, err := realDeclare(m)
+	if err != nil {
+		closeCall(call, err)
+		return
+	}
+	done := make(chan struct{})
+	h.mu.Lock()
+	prev := h.declaring[m.Exchange]
+	h.declaring[m.Exchange] = done
+	h.mu.Unlock()
+	finish := func() {
+		h.mu.Lock()
+		if h.declaring[m.Exchange] == done {
+			delete(h.declaring, m.Exchange)
+		}
+		h.mu.Unlock()
+		close(done)
+	}
+	def := registryDef(h.c.VHost, &up)
+	what := "record delayed exchange " + m.Exchange
+	noWait := m.NoWait
+	call.Relay(&up, func(r *amqpproxy.Reply) {
+		if r.Err != nil || r.Method.ID() != wire.IDExchangeDeclareOk {
+			finish()
+			if r.Err == nil {
+				r.Pass()
+			}
+			return
+		}
+		h.recordThenAnswer(r, noWait, what, func() error {
+			defer finish()
+			if prev != nil {
+				<-prev
+			}
+			return h.i.cfg.Store.PutExchange(h.i.ctx, def)
+		})
+	})
+}
+
+// recordThenAnswer runs a registry write after RabbitMQ's OK, off the
+// upstream reader (it fsyncs), then answers the client: RabbitMQ's reply,
+// nothing for a request it sent with no-wait, or 541 when the write failed.
+func (h *connHooks) recordThenAnswer(r *amqpproxy.Reply, noWait bool, what string, write func() error) {
+	h.i.wg.Go(func() {
+		if err := write(); err != nil {
+			h.i.cfg.Logger.Error("cannot "+what, "vhost", h.c.VHost, "err", err)
+			r.CloseChannel(wire.InternalError, "cannot "+what+": "+err.Error())
+			return
+		}
+		if noWait {
+			r.Drop()
+		} else {
+			r.Pass()
+		}
+	})
+}
+
+// delete deletes the real exchange upstream, then drops the delayed
+// exchange and its pending messages.
+func (h *connHooks) delete(call *amqpproxy.Call, m *wire.ExchangeDelete) {
+	req := *m
+	req.NoWait = false
+	noWait := m.NoWait
+	vhost, name := h.c.VHost, m.Exchange
+	call.Relay(&req, func(r *amqpproxy.Reply) {
+		if r.Err != nil || r.Method.ID() != wire.IDExchangeDeleteOk {
+			if r.Err == nil {
+				r.Pass()
+			}
+			return
+		}
+		h.recordThenAnswer(r, noWait, "drop delayed exchange "+name, func() error {
+			n, err := h.i.cfg.Store.DeleteExchange(h.i.ctx, vhost, name)
+			if n > 0 {
+				h.i.cfg.Metrics.Discarded(int(n))
+				h.i.cfg.Logger.Info("delayed exchange deleted, pending messages discarded", "vhost", vhost, "exchange", name, "discarded", n)
+			}
+			return err
+		})
+	})
+}
+
+// closeCall closes the call's channel with the error's code and text.
+func closeCall(call *amqpproxy.Call, err error) {
+	code, text := replyOf(err)
+	call.CloseChannel(code, text)
 }

@@ -39,7 +39,7 @@ func TestRealDeclare(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			up, err := RealDeclare(m)
+			up, err := realDeclare(m)
 			if tt.wantCode != 0 {
 				var we *wire.Error
 				if !errors.As(err, &we) || we.Code != tt.wantCode || we.Text != tt.wantText {
@@ -53,7 +53,7 @@ func TestRealDeclare(t *testing.T) {
 			if up.Type != tt.wantType || up.NoWait || !up.Durable || string(up.Arguments) != string(m.Arguments) {
 				t.Fatalf("real declare = %+v", up)
 			}
-			def := Def("/v", &up)
+			def := registryDef("/v", &up)
 			if def.DelayedType != tt.wantType || def.Name != "ex" || def.VHost != "/v" || !def.Durable {
 				t.Fatalf("def = %+v", def)
 			}

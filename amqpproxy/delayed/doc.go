@@ -11,7 +11,7 @@
 //	    is durable (nothing for no-wait).
 //	exchange.delete of a delayed exchange   -> relayed; after delete-ok its
 //	    pending messages are discarded (counted) and the record removed.
-//	basic.publish to a delayed exchange      -> x-delay parsed (ParseDelay);
+//	basic.publish to a delayed exchange      -> x-delay parsed (parseDelay);
 //	    none, zero or negative: relayed at once, header as it was; otherwise
 //	    stored and confirmed with the client's own tag after fsync, once
 //	    RabbitMQ said the user may publish there (Conn.CheckPublish).
@@ -19,27 +19,36 @@
 //	    publishes are stored before tx.commit goes upstream, withdrawn if
 //	    RabbitMQ does not commit, dropped at tx.rollback.
 //
-// Invariants:
+// Invariants (the numbers are those of package delayproxy's list):
 //
-//   - A delayed publish is acknowledged only after store.Put returned (the
+//   - A delayed publish is acknowledged only after Store.Put returned (the
 //     commit holding it is fsync'd); a failed Put is a basic.nack in
 //     confirm mode and a 506 channel error otherwise. Nothing is dropped
-//     silently.
+//     silently (invariant 1).
 //   - The proxy releases with its own account, so it is no way around
 //     RabbitMQ's permissions: before a delayed publish is stored (or kept
 //     with a transaction), RabbitMQ judges the publishing user's write
 //     permission on the exchange, and topic permission on the routing key
 //     for topic exchanges (Conn.CheckPublish). A refusal closes the channel
 //     with RabbitMQ's own 403 and text; nothing is stored.
+//   - A delayed publish looks the registry up once, when it is intercepted;
+//     the record goes with it through the permission check to Put, and the
+//     message carries its Incarnation, so a publish aimed at an exchange
+//     deleted or re-created meanwhile is refused by the store, never filed
+//     under the new one.
 //   - One storer goroutine per connection stores its publishes in the order
 //     the client sent them, batching what queued up during the previous
-//     commit, so equal due times keep publish order. Its queue is bounded;
-//     reading from the client stops while it is full.
+//     commit, so equal due times keep publish order (invariant 4). Its
+//     queue is bounded; reading from the client stops while it is full.
 //   - Due times are the publish time rounded up to the millisecond plus
-//     x-delay, so no release is ever early as seen from the client.
+//     x-delay (DueAt), so no release is ever early as seen from the client
+//     (invariant 3).
 //   - A publish to an exchange this connection is still declaring waits for
 //     the declare's outcome, so a no-wait declare followed at once by a
 //     publish is still delayed.
 //   - Every goroutine it starts is tracked; Wait returns when all taken
 //     publishes are answered and registry updates are done.
+//
+// Its Store, Scheduler and Metrics are interfaces declared here, each the
+// few methods the layer calls.
 package delayed

@@ -11,19 +11,19 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 )
 
-// HeaderDelay is the header that asks for a delay, in milliseconds.
-const HeaderDelay = "x-delay"
+// headerDelay is the header that asks for a delay, in milliseconds.
+const headerDelay = "x-delay"
 
-// Errors of ParseDelay, matched with errors.Is. Each also unwraps to a
+// Errors of parseDelay, matched with errors.Is. Each also unwraps to a
 // *wire.Error with 406 PRECONDITION_FAILED and a text naming the header.
 var (
-	// ErrInvalidDelay: x-delay is not a number.
-	ErrInvalidDelay = errors.New("x-delay is not a number")
-	// ErrDelayTooLong: x-delay is above the configured maximum.
-	ErrDelayTooLong = errors.New("x-delay is above the maximum delay")
+	// errInvalidDelay: x-delay is not a number.
+	errInvalidDelay = errors.New("x-delay is not a number")
+	// errDelayTooLong: x-delay is above the configured maximum.
+	errDelayTooLong = errors.New("x-delay is above the maximum delay")
 )
 
-// delayError is an ErrInvalidDelay or ErrDelayTooLong with its reply.
+// delayError is an errInvalidDelay or errDelayTooLong with its reply.
 type delayError struct {
 	kind  error
 	reply *wire.Error
@@ -36,7 +36,7 @@ func newDelayError(kind error, text string) error {
 	return &delayError{kind: kind, reply: wire.NewError(wire.PreconditionFailed, text)}
 }
 
-// ParseDelay reads x-delay from a message's headers the way RabbitMQ's
+// parseDelay reads x-delay from a message's headers the way RabbitMQ's
 // delayed-message plugin does, and applies the proxy's maximum.
 //
 // It returns the delay in milliseconds and whether the message is to be held:
@@ -46,8 +46,8 @@ func newDelayError(kind error, text string) error {
 // number, or a delay above max, is a 406 PRECONDITION_FAILED naming the
 // header. Unlike the plugin, delays above 2^32-1 ms are held, not routed at
 // once.
-func ParseDelay(headers wire.Table, max time.Duration) (ms int64, held bool, err error) {
-	v, ok, err := headers.Get(HeaderDelay)
+func parseDelay(headers wire.Table, max time.Duration) (ms int64, held bool, err error) {
+	v, ok, err := headers.Get(headerDelay)
 	if err != nil {
 		return 0, false, err // the codec's 501, as RabbitMQ answers a bad table
 	}
@@ -62,7 +62,7 @@ func ParseDelay(headers wire.Table, max time.Duration) (ms int64, held bool, err
 		return 0, false, nil
 	}
 	if max > 0 && ms > max.Milliseconds() {
-		return 0, false, newDelayError(ErrDelayTooLong,
+		return 0, false, newDelayError(errDelayTooLong,
 			fmt.Sprintf("x-delay %d ms is larger than the maximum delay %d ms", ms, max.Milliseconds()))
 	}
 	return ms, true, nil
@@ -118,7 +118,7 @@ func floatDelay(f float64, orig any) (int64, error) {
 }
 
 func notANumber(v any) error {
-	return newDelayError(ErrInvalidDelay,
+	return newDelayError(errInvalidDelay,
 		fmt.Sprintf("invalid x-delay header: %v (%T) is not a number of milliseconds", v, v))
 }
 

@@ -39,12 +39,12 @@ func TestParseDelay(t *testing.T) {
 		{name: "negative routes at once", headers: map[string]any{"x-delay": int32(-5000)}},
 		{name: "negative string routes at once", headers: map[string]any{"x-delay": "-1"}},
 		{name: "fraction below one ms routes at once", headers: map[string]any{"x-delay": 0.7}},
-		{name: "not a number", headers: map[string]any{"x-delay": "abc"}, wantCode: wire.PreconditionFailed, wantErr: ErrInvalidDelay},
-		{name: "empty string", headers: map[string]any{"x-delay": ""}, wantCode: wire.PreconditionFailed, wantErr: ErrInvalidDelay},
-		{name: "bool", headers: map[string]any{"x-delay": true}, wantCode: wire.PreconditionFailed, wantErr: ErrInvalidDelay},
-		{name: "NaN", headers: map[string]any{"x-delay": math.NaN()}, wantCode: wire.PreconditionFailed, wantErr: ErrInvalidDelay},
-		{name: "infinite string", headers: map[string]any{"x-delay": "Inf"}, wantCode: wire.PreconditionFailed, wantErr: ErrInvalidDelay},
-		{name: "above maximum", headers: map[string]any{"x-delay": int64(2 * year / time.Millisecond)}, max: year, wantCode: wire.PreconditionFailed, wantErr: ErrDelayTooLong},
+		{name: "not a number", headers: map[string]any{"x-delay": "abc"}, wantCode: wire.PreconditionFailed, wantErr: errInvalidDelay},
+		{name: "empty string", headers: map[string]any{"x-delay": ""}, wantCode: wire.PreconditionFailed, wantErr: errInvalidDelay},
+		{name: "bool", headers: map[string]any{"x-delay": true}, wantCode: wire.PreconditionFailed, wantErr: errInvalidDelay},
+		{name: "NaN", headers: map[string]any{"x-delay": math.NaN()}, wantCode: wire.PreconditionFailed, wantErr: errInvalidDelay},
+		{name: "infinite string", headers: map[string]any{"x-delay": "Inf"}, wantCode: wire.PreconditionFailed, wantErr: errInvalidDelay},
+		{name: "above maximum", headers: map[string]any{"x-delay": int64(2 * year / time.Millisecond)}, max: year, wantCode: wire.PreconditionFailed, wantErr: errDelayTooLong},
 		{name: "at maximum", headers: map[string]any{"x-delay": int64(year / time.Millisecond)}, max: year, wantMS: int64(year / time.Millisecond), wantHeld: true},
 	}
 	for _, tt := range tests {
@@ -56,7 +56,7 @@ func TestParseDelay(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			ms, held, err := ParseDelay(h, tt.max)
+			ms, held, err := parseDelay(h, tt.max)
 			if tt.wantCode != 0 {
 				var we *wire.Error
 				if !errors.As(err, &we) || we.Code != tt.wantCode {

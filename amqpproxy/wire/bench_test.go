@@ -47,18 +47,6 @@ func BenchmarkBasicPublishDecode_Struct(b *testing.B) {
 	}
 }
 
-func BenchmarkPeekPublish(b *testing.B) {
-	m, _ := publishFrames(b)
-	delayed := map[string]bool{"orders.delayed": true}
-	b.ReportAllocs()
-	for b.Loop() {
-		ex, _, err := PeekPublish(m)
-		if err != nil || !delayed[string(ex)] {
-			b.Fatal(err)
-		}
-	}
-}
-
 func BenchmarkAppendMethod_BasicPublish(b *testing.B) {
 	p := &BasicPublish{Exchange: "orders.delayed", RoutingKey: "order.created.eu"}
 	buf := make([]byte, 0, 64)

@@ -33,11 +33,7 @@ func (s *fakeServer) run() error {
 	r := NewReader(s.conn, 131072)
 	w := NewWriter(s.conn)
 	send := func(ch uint16, m Method) error {
-		p, err := AppendMethodChecked(nil, m)
-		if err != nil {
-			return err
-		}
-		if err := w.WriteFrame(Frame{Type: FrameMethod, Channel: ch, Payload: p}); err != nil {
+		if err := w.WriteFrame(Frame{Type: FrameMethod, Channel: ch, Payload: AppendMethod(nil, m)}); err != nil {
 			return err
 		}
 		return w.Flush()

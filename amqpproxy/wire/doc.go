@@ -11,28 +11,25 @@
 //     anything is sliced or allocated; a frame header that declares 4 GiB
 //     costs memory only for the bytes that actually arrive.
 //   - Tables that are not interpreted stay raw bytes (Table) and pass
-//     byte-exact: Table.Set, Table.Delete and SetHeader copy every entry and
-//     property they do not touch unchanged.
+//     byte-exact (invariant 7 of package delayproxy): an edit of a table or
+//     of a content header's properties copies every entry it does not touch
+//     unchanged.
 //   - Decoded Tables and []byte fields alias the buffer they came from
 //     (a Reader reuses its buffer at the next ReadFrame); strings are copies.
-//   - Errors of the protocol are *Error carrying the reply code RabbitMQ uses
-//     (measured on RabbitMQ 3.10): 501 FRAME_ERROR for anything that cannot
-//     be decoded (RabbitMQ's "cannot decode"), including trailing bytes after
-//     a method's last field; 503 COMMAND_INVALID for an unknown class or
-//     method (RabbitMQ drops the TCP connection there without a close); 505
-//     UNEXPECTED_FRAME for a heartbeat on a channel other than 0. errors.Is
-//     finds the sentinel (ErrShort, ErrTrailing, ...) inside.
-//   - Encoders never fail and never panic: Method.Append and
-//     Properties.Append cut a shortstr over 255 bytes on a UTF-8 boundary;
-//     AppendMethodChecked and Properties.Check refuse such values instead.
-//
-// # Hot path
-//
-// PeekMethodID (about 2 ns) and PeekPublish (about 25 ns) read a method
-// frame without allocating; DecodeContentHeader does not allocate and leaves
-// the property list raw, as RabbitMQ does until it needs it. DecodeMethod
-// allocates the method struct; a caller that cares decodes into its own
-// struct (var p BasicPublish; p.Decode(payload[4:])).
+//   - Errors of the protocol are *Error carrying the reply code RabbitMQ 3.10
+//     uses: 501 FRAME_ERROR for anything that cannot be decoded (RabbitMQ's
+//     "cannot decode"), including trailing bytes after a method's last
+//     field; 503 COMMAND_INVALID for an unknown class or method (RabbitMQ
+//     drops the TCP connection there without a close); 505 UNEXPECTED_FRAME
+//     for a heartbeat on a channel other than 0. errors.Is finds the
+//     sentinel (ErrShort, ErrTrailing, ...) inside.
+//   - Encoders never fail and never panic: Method.Append cuts a shortstr
+//     over 255 bytes on a UTF-8 boundary and a longstr at 4 GiB.
+//   - The hot path does not allocate: PeekMethodID reads a method id, and
+//     DecodeContentHeader leaves the property list raw, as RabbitMQ does
+//     until it needs it. DecodeMethod allocates the method struct; a caller
+//     that cares decodes into its own (var p BasicPublish;
+//     p.Decode(payload[4:])).
 //
 // # Wire layouts
 //

@@ -94,11 +94,7 @@ func FuzzDecodeMethod(f *testing.F) {
 		f.Add(p)
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		ex, rk, peekErr := PeekPublish(payload)
 		m, err := DecodeMethod(payload)
-		if p, ok := m.(*BasicPublish); ok && (peekErr != nil || string(ex) != p.Exchange || string(rk) != p.RoutingKey) {
-			t.Fatalf("PeekPublish = %q, %q, %v; DecodeMethod = %+v", ex, rk, peekErr, p)
-		}
 		if err != nil {
 			var e *Error
 			if !errors.As(err, &e) || (e.Code != FrameError && e.Code != CommandInvalid) {
@@ -110,10 +106,7 @@ func FuzzDecodeMethod(f *testing.F) {
 		if m.ID() != id || !id.Known() {
 			t.Fatalf("decoded %v from %v", m.ID(), id)
 		}
-		again, err := AppendMethodChecked(nil, m)
-		if err != nil {
-			t.Fatalf("a decoded method does not encode: %v", err)
-		}
+		again := AppendMethod(nil, m)
 		// Canonical except for unused bits in bit octets, which decoding
 		// ignores (as RabbitMQ does): same length, and equal once decoded.
 		if len(again) != len(payload) {

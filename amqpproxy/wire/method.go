@@ -18,9 +18,6 @@ func (id MethodID) Class() uint16 { return uint16(id >> 16) }
 // Method is the method's index within its class (40 for basic.publish).
 func (id MethodID) Method() uint16 { return uint16(id) }
 
-// NewMethodID builds a MethodID from a class and a method index.
-func NewMethodID(class, method uint16) MethodID { return MethodID(class)<<16 | MethodID(method) }
-
 // Method is one decoded AMQP method. Every method of the spec has a struct
 // in methods_gen.go whose pointer implements Method.
 //
@@ -38,13 +35,8 @@ type Method interface {
 	Decode(args []byte) error
 	// Append appends the method's arguments to dst. It never fails: a
 	// shortstr longer than 255 bytes is cut at 255 (on a UTF-8 boundary).
-	// AppendMethodChecked refuses such values instead.
 	Append(dst []byte) []byte
 }
-
-// checker is implemented by every generated method: it reports a field that
-// Append could not encode faithfully.
-type checker interface{ check() error }
 
 // PeekMethodID returns the method id at the start of a method frame payload.
 func PeekMethodID(payload []byte) (MethodID, error) {
@@ -79,43 +71,11 @@ func DecodeMethod(payload []byte) (Method, error) {
 	return m, nil
 }
 
-// PeekPublish returns the exchange and routing key of a basic.publish
-// method frame payload without allocating: both alias payload. It checks
-// only what it reads; DecodeMethod checks the whole method.
-func PeekPublish(payload []byte) (exchange, routingKey []byte, err error) {
-	if id, err := PeekMethodID(payload); err != nil {
-		return nil, nil, err
-	} else if id != IDBasicPublish {
-		return nil, nil, &Error{Code: CommandInvalid, Text: "not basic.publish: " + id.String(), ClassID: id.Class(), MethodID: id.Method()}
-	}
-	d := decoder{b: payload, off: 4}
-	d.short() // reserved-1
-	exchange = d.take(int(d.octet()))
-	routingKey = d.take(int(d.octet()))
-	if d.trunc {
-		return nil, nil, methodError(IDBasicPublish, ErrShort)
-	}
-	return exchange, routingKey, nil
-}
-
 // AppendMethod appends a whole method frame payload (class id, method id,
 // arguments) to dst. Like Method.Append it never fails.
 func AppendMethod(dst []byte, m Method) []byte {
 	dst = binary.BigEndian.AppendUint32(dst, uint32(m.ID()))
 	return m.Append(dst)
-}
-
-// AppendMethodChecked is AppendMethod that first checks every field fits its
-// wire type (shortstr <= 255 bytes, longstr and table < 4 GiB, tables valid)
-// and returns dst unchanged with an error wrapping ErrTooLong or the table's
-// error otherwise.
-func AppendMethodChecked(dst []byte, m Method) ([]byte, error) {
-	if c, ok := m.(checker); ok {
-		if err := c.check(); err != nil {
-			return dst, err
-		}
-	}
-	return AppendMethod(dst, m), nil
 }
 
 // decoder reads fields in order with a sticky error: after the first short
@@ -264,6 +224,8 @@ func appendLongstr(dst []byte, b []byte) []byte {
 // appendTable appends the table's length and its raw entries.
 func appendTable(dst []byte, t Table) []byte { return appendLongstr(dst, t) }
 
+// checkShortstr, checkLongstr and checkTable report a field that an
+// encoder would cut or could not encode faithfully (Properties.Check).
 func checkShortstr(field, s string) error {
 	if len(s) > math.MaxUint8 {
 		return &Error{Code: SyntaxError, Text: field + ": shortstr of " + strconv.Itoa(len(s)) + " bytes", cause: ErrTooLong}

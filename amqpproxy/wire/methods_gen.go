@@ -681,7 +681,7 @@ func (m *ConnectionStart) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.start to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConnectionStart) Append(dst []byte) []byte {
 	dst = append(dst, m.VersionMajor)
 	dst = append(dst, m.VersionMinor)
@@ -689,19 +689,6 @@ func (m *ConnectionStart) Append(dst []byte) []byte {
 	dst = appendLongstr(dst, m.Mechanisms)
 	dst = appendLongstr(dst, m.Locales)
 	return dst
-}
-
-func (m *ConnectionStart) check() error {
-	if err := checkTable("server-properties", m.ServerProperties); err != nil {
-		return err
-	}
-	if err := checkLongstr("mechanisms", len(m.Mechanisms)); err != nil {
-		return err
-	}
-	if err := checkLongstr("locales", len(m.Locales)); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ConnectionStartOk is connection.start-ok (10, 11).
@@ -726,29 +713,13 @@ func (m *ConnectionStartOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.start-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConnectionStartOk) Append(dst []byte) []byte {
 	dst = appendTable(dst, m.ClientProperties)
 	dst = appendShortstr(dst, m.Mechanism)
 	dst = appendLongstr(dst, m.Response)
 	dst = appendShortstr(dst, m.Locale)
 	return dst
-}
-
-func (m *ConnectionStartOk) check() error {
-	if err := checkTable("client-properties", m.ClientProperties); err != nil {
-		return err
-	}
-	if err := checkShortstr("mechanism", m.Mechanism); err != nil {
-		return err
-	}
-	if err := checkLongstr("response", len(m.Response)); err != nil {
-		return err
-	}
-	if err := checkShortstr("locale", m.Locale); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ConnectionSecure is connection.secure (10, 20). It is answered by connection.secure-ok.
@@ -767,17 +738,10 @@ func (m *ConnectionSecure) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.secure to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConnectionSecure) Append(dst []byte) []byte {
 	dst = appendLongstr(dst, m.Challenge)
 	return dst
-}
-
-func (m *ConnectionSecure) check() error {
-	if err := checkLongstr("challenge", len(m.Challenge)); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ConnectionSecureOk is connection.secure-ok (10, 21).
@@ -796,17 +760,10 @@ func (m *ConnectionSecureOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.secure-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConnectionSecureOk) Append(dst []byte) []byte {
 	dst = appendLongstr(dst, m.Response)
 	return dst
-}
-
-func (m *ConnectionSecureOk) check() error {
-	if err := checkLongstr("response", len(m.Response)); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ConnectionTune is connection.tune (10, 30). It is answered by connection.tune-ok.
@@ -829,16 +786,12 @@ func (m *ConnectionTune) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.tune to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConnectionTune) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.ChannelMax)
 	dst = appendLong(dst, m.FrameMax)
 	dst = appendShort(dst, m.Heartbeat)
 	return dst
-}
-
-func (m *ConnectionTune) check() error {
-	return nil
 }
 
 // ConnectionTuneOk is connection.tune-ok (10, 31).
@@ -861,16 +814,12 @@ func (m *ConnectionTuneOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.tune-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConnectionTuneOk) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.ChannelMax)
 	dst = appendLong(dst, m.FrameMax)
 	dst = appendShort(dst, m.Heartbeat)
 	return dst
-}
-
-func (m *ConnectionTuneOk) check() error {
-	return nil
 }
 
 // ConnectionOpen is connection.open (10, 40). It is answered by connection.open-ok.
@@ -894,7 +843,7 @@ func (m *ConnectionOpen) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.open to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConnectionOpen) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.VirtualHost)
 	dst = appendShortstr(dst, m.Reserved1)
@@ -904,16 +853,6 @@ func (m *ConnectionOpen) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *ConnectionOpen) check() error {
-	if err := checkShortstr("virtual-host", m.VirtualHost); err != nil {
-		return err
-	}
-	if err := checkShortstr("reserved-1", m.Reserved1); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ConnectionOpenOk is connection.open-ok (10, 41).
@@ -932,17 +871,10 @@ func (m *ConnectionOpenOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.open-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConnectionOpenOk) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.Reserved1)
 	return dst
-}
-
-func (m *ConnectionOpenOk) check() error {
-	if err := checkShortstr("reserved-1", m.Reserved1); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ConnectionClose is connection.close (10, 50). It is answered by connection.close-ok.
@@ -967,20 +899,13 @@ func (m *ConnectionClose) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.close to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConnectionClose) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.ReplyCode)
 	dst = appendShortstr(dst, m.ReplyText)
 	dst = appendShort(dst, m.ClassID)
 	dst = appendShort(dst, m.MethodID)
 	return dst
-}
-
-func (m *ConnectionClose) check() error {
-	if err := checkShortstr("reply-text", m.ReplyText); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ConnectionCloseOk is connection.close-ok (10, 51).
@@ -996,13 +921,9 @@ func (_ *ConnectionCloseOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.close-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *ConnectionCloseOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *ConnectionCloseOk) check() error {
-	return nil
 }
 
 // ConnectionBlocked is connection.blocked (10, 60).
@@ -1021,17 +942,10 @@ func (m *ConnectionBlocked) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.blocked to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConnectionBlocked) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.Reason)
 	return dst
-}
-
-func (m *ConnectionBlocked) check() error {
-	if err := checkShortstr("reason", m.Reason); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ConnectionUnblocked is connection.unblocked (10, 61).
@@ -1047,13 +961,9 @@ func (_ *ConnectionUnblocked) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.unblocked to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *ConnectionUnblocked) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *ConnectionUnblocked) check() error {
-	return nil
 }
 
 // ConnectionUpdateSecret is connection.update-secret (10, 70). It is answered by connection.update-secret-ok.
@@ -1074,21 +984,11 @@ func (m *ConnectionUpdateSecret) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.update-secret to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConnectionUpdateSecret) Append(dst []byte) []byte {
 	dst = appendLongstr(dst, m.NewSecret)
 	dst = appendShortstr(dst, m.Reason)
 	return dst
-}
-
-func (m *ConnectionUpdateSecret) check() error {
-	if err := checkLongstr("new-secret", len(m.NewSecret)); err != nil {
-		return err
-	}
-	if err := checkShortstr("reason", m.Reason); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ConnectionUpdateSecretOk is connection.update-secret-ok (10, 71).
@@ -1104,13 +1004,9 @@ func (_ *ConnectionUpdateSecretOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of connection.update-secret-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *ConnectionUpdateSecretOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *ConnectionUpdateSecretOk) check() error {
-	return nil
 }
 
 // ChannelOpen is channel.open (20, 10). It is answered by channel.open-ok.
@@ -1129,17 +1025,10 @@ func (m *ChannelOpen) Decode(b []byte) error {
 }
 
 // Append appends the arguments of channel.open to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ChannelOpen) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.Reserved1)
 	return dst
-}
-
-func (m *ChannelOpen) check() error {
-	if err := checkShortstr("reserved-1", m.Reserved1); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ChannelOpenOk is channel.open-ok (20, 11).
@@ -1158,17 +1047,10 @@ func (m *ChannelOpenOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of channel.open-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ChannelOpenOk) Append(dst []byte) []byte {
 	dst = appendLongstr(dst, m.Reserved1)
 	return dst
-}
-
-func (m *ChannelOpenOk) check() error {
-	if err := checkLongstr("reserved-1", len(m.Reserved1)); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ChannelFlow is channel.flow (20, 20). It is answered by channel.flow-ok.
@@ -1188,7 +1070,7 @@ func (m *ChannelFlow) Decode(b []byte) error {
 }
 
 // Append appends the arguments of channel.flow to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ChannelFlow) Append(dst []byte) []byte {
 	var bits uint8
 	if m.Active {
@@ -1196,10 +1078,6 @@ func (m *ChannelFlow) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *ChannelFlow) check() error {
-	return nil
 }
 
 // ChannelFlowOk is channel.flow-ok (20, 21).
@@ -1219,7 +1097,7 @@ func (m *ChannelFlowOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of channel.flow-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ChannelFlowOk) Append(dst []byte) []byte {
 	var bits uint8
 	if m.Active {
@@ -1227,10 +1105,6 @@ func (m *ChannelFlowOk) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *ChannelFlowOk) check() error {
-	return nil
 }
 
 // ChannelClose is channel.close (20, 40). It is answered by channel.close-ok.
@@ -1255,20 +1129,13 @@ func (m *ChannelClose) Decode(b []byte) error {
 }
 
 // Append appends the arguments of channel.close to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ChannelClose) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.ReplyCode)
 	dst = appendShortstr(dst, m.ReplyText)
 	dst = appendShort(dst, m.ClassID)
 	dst = appendShort(dst, m.MethodID)
 	return dst
-}
-
-func (m *ChannelClose) check() error {
-	if err := checkShortstr("reply-text", m.ReplyText); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ChannelCloseOk is channel.close-ok (20, 41).
@@ -1284,13 +1151,9 @@ func (_ *ChannelCloseOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of channel.close-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *ChannelCloseOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *ChannelCloseOk) check() error {
-	return nil
 }
 
 // ExchangeDeclare is exchange.declare (40, 10). It is answered by exchange.declare-ok.
@@ -1326,7 +1189,7 @@ func (m *ExchangeDeclare) Decode(b []byte) error {
 }
 
 // Append appends the arguments of exchange.declare to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ExchangeDeclare) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Exchange)
@@ -1352,19 +1215,6 @@ func (m *ExchangeDeclare) Append(dst []byte) []byte {
 	return dst
 }
 
-func (m *ExchangeDeclare) check() error {
-	if err := checkShortstr("exchange", m.Exchange); err != nil {
-		return err
-	}
-	if err := checkShortstr("type", m.Type); err != nil {
-		return err
-	}
-	if err := checkTable("arguments", m.Arguments); err != nil {
-		return err
-	}
-	return nil
-}
-
 // ExchangeDeclareOk is exchange.declare-ok (40, 11).
 type ExchangeDeclareOk struct {
 }
@@ -1378,13 +1228,9 @@ func (_ *ExchangeDeclareOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of exchange.declare-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *ExchangeDeclareOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *ExchangeDeclareOk) check() error {
-	return nil
 }
 
 // ExchangeDelete is exchange.delete (40, 20). It is answered by exchange.delete-ok.
@@ -1410,7 +1256,7 @@ func (m *ExchangeDelete) Decode(b []byte) error {
 }
 
 // Append appends the arguments of exchange.delete to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ExchangeDelete) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Exchange)
@@ -1423,13 +1269,6 @@ func (m *ExchangeDelete) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *ExchangeDelete) check() error {
-	if err := checkShortstr("exchange", m.Exchange); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ExchangeDeleteOk is exchange.delete-ok (40, 21).
@@ -1445,13 +1284,9 @@ func (_ *ExchangeDeleteOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of exchange.delete-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *ExchangeDeleteOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *ExchangeDeleteOk) check() error {
-	return nil
 }
 
 // ExchangeBind is exchange.bind (40, 30). It is answered by exchange.bind-ok.
@@ -1481,7 +1316,7 @@ func (m *ExchangeBind) Decode(b []byte) error {
 }
 
 // Append appends the arguments of exchange.bind to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ExchangeBind) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Destination)
@@ -1494,22 +1329,6 @@ func (m *ExchangeBind) Append(dst []byte) []byte {
 	dst = append(dst, bits)
 	dst = appendTable(dst, m.Arguments)
 	return dst
-}
-
-func (m *ExchangeBind) check() error {
-	if err := checkShortstr("destination", m.Destination); err != nil {
-		return err
-	}
-	if err := checkShortstr("source", m.Source); err != nil {
-		return err
-	}
-	if err := checkShortstr("routing-key", m.RoutingKey); err != nil {
-		return err
-	}
-	if err := checkTable("arguments", m.Arguments); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ExchangeBindOk is exchange.bind-ok (40, 31).
@@ -1525,13 +1344,9 @@ func (_ *ExchangeBindOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of exchange.bind-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *ExchangeBindOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *ExchangeBindOk) check() error {
-	return nil
 }
 
 // ExchangeUnbind is exchange.unbind (40, 40). It is answered by exchange.unbind-ok.
@@ -1561,7 +1376,7 @@ func (m *ExchangeUnbind) Decode(b []byte) error {
 }
 
 // Append appends the arguments of exchange.unbind to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ExchangeUnbind) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Destination)
@@ -1574,22 +1389,6 @@ func (m *ExchangeUnbind) Append(dst []byte) []byte {
 	dst = append(dst, bits)
 	dst = appendTable(dst, m.Arguments)
 	return dst
-}
-
-func (m *ExchangeUnbind) check() error {
-	if err := checkShortstr("destination", m.Destination); err != nil {
-		return err
-	}
-	if err := checkShortstr("source", m.Source); err != nil {
-		return err
-	}
-	if err := checkShortstr("routing-key", m.RoutingKey); err != nil {
-		return err
-	}
-	if err := checkTable("arguments", m.Arguments); err != nil {
-		return err
-	}
-	return nil
 }
 
 // ExchangeUnbindOk is exchange.unbind-ok (40, 51).
@@ -1605,13 +1404,9 @@ func (_ *ExchangeUnbindOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of exchange.unbind-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *ExchangeUnbindOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *ExchangeUnbindOk) check() error {
-	return nil
 }
 
 // QueueDeclare is queue.declare (50, 10). It is answered by queue.declare-ok.
@@ -1645,7 +1440,7 @@ func (m *QueueDeclare) Decode(b []byte) error {
 }
 
 // Append appends the arguments of queue.declare to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *QueueDeclare) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Queue)
@@ -1670,16 +1465,6 @@ func (m *QueueDeclare) Append(dst []byte) []byte {
 	return dst
 }
 
-func (m *QueueDeclare) check() error {
-	if err := checkShortstr("queue", m.Queue); err != nil {
-		return err
-	}
-	if err := checkTable("arguments", m.Arguments); err != nil {
-		return err
-	}
-	return nil
-}
-
 // QueueDeclareOk is queue.declare-ok (50, 11).
 type QueueDeclareOk struct {
 	Queue         string
@@ -1700,19 +1485,12 @@ func (m *QueueDeclareOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of queue.declare-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *QueueDeclareOk) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.Queue)
 	dst = appendLong(dst, m.MessageCount)
 	dst = appendLong(dst, m.ConsumerCount)
 	return dst
-}
-
-func (m *QueueDeclareOk) check() error {
-	if err := checkShortstr("queue", m.Queue); err != nil {
-		return err
-	}
-	return nil
 }
 
 // QueueBind is queue.bind (50, 20). It is answered by queue.bind-ok.
@@ -1742,7 +1520,7 @@ func (m *QueueBind) Decode(b []byte) error {
 }
 
 // Append appends the arguments of queue.bind to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *QueueBind) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Queue)
@@ -1755,22 +1533,6 @@ func (m *QueueBind) Append(dst []byte) []byte {
 	dst = append(dst, bits)
 	dst = appendTable(dst, m.Arguments)
 	return dst
-}
-
-func (m *QueueBind) check() error {
-	if err := checkShortstr("queue", m.Queue); err != nil {
-		return err
-	}
-	if err := checkShortstr("exchange", m.Exchange); err != nil {
-		return err
-	}
-	if err := checkShortstr("routing-key", m.RoutingKey); err != nil {
-		return err
-	}
-	if err := checkTable("arguments", m.Arguments); err != nil {
-		return err
-	}
-	return nil
 }
 
 // QueueBindOk is queue.bind-ok (50, 21).
@@ -1786,13 +1548,9 @@ func (_ *QueueBindOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of queue.bind-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *QueueBindOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *QueueBindOk) check() error {
-	return nil
 }
 
 // QueueUnbind is queue.unbind (50, 50). It is answered by queue.unbind-ok.
@@ -1819,7 +1577,7 @@ func (m *QueueUnbind) Decode(b []byte) error {
 }
 
 // Append appends the arguments of queue.unbind to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *QueueUnbind) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Queue)
@@ -1827,22 +1585,6 @@ func (m *QueueUnbind) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.RoutingKey)
 	dst = appendTable(dst, m.Arguments)
 	return dst
-}
-
-func (m *QueueUnbind) check() error {
-	if err := checkShortstr("queue", m.Queue); err != nil {
-		return err
-	}
-	if err := checkShortstr("exchange", m.Exchange); err != nil {
-		return err
-	}
-	if err := checkShortstr("routing-key", m.RoutingKey); err != nil {
-		return err
-	}
-	if err := checkTable("arguments", m.Arguments); err != nil {
-		return err
-	}
-	return nil
 }
 
 // QueueUnbindOk is queue.unbind-ok (50, 51).
@@ -1858,13 +1600,9 @@ func (_ *QueueUnbindOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of queue.unbind-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *QueueUnbindOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *QueueUnbindOk) check() error {
-	return nil
 }
 
 // QueuePurge is queue.purge (50, 30). It is answered by queue.purge-ok.
@@ -1888,7 +1626,7 @@ func (m *QueuePurge) Decode(b []byte) error {
 }
 
 // Append appends the arguments of queue.purge to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *QueuePurge) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Queue)
@@ -1898,13 +1636,6 @@ func (m *QueuePurge) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *QueuePurge) check() error {
-	if err := checkShortstr("queue", m.Queue); err != nil {
-		return err
-	}
-	return nil
 }
 
 // QueuePurgeOk is queue.purge-ok (50, 31).
@@ -1923,14 +1654,10 @@ func (m *QueuePurgeOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of queue.purge-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *QueuePurgeOk) Append(dst []byte) []byte {
 	dst = appendLong(dst, m.MessageCount)
 	return dst
-}
-
-func (m *QueuePurgeOk) check() error {
-	return nil
 }
 
 // QueueDelete is queue.delete (50, 40). It is answered by queue.delete-ok.
@@ -1958,7 +1685,7 @@ func (m *QueueDelete) Decode(b []byte) error {
 }
 
 // Append appends the arguments of queue.delete to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *QueueDelete) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Queue)
@@ -1974,13 +1701,6 @@ func (m *QueueDelete) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *QueueDelete) check() error {
-	if err := checkShortstr("queue", m.Queue); err != nil {
-		return err
-	}
-	return nil
 }
 
 // QueueDeleteOk is queue.delete-ok (50, 41).
@@ -1999,14 +1719,10 @@ func (m *QueueDeleteOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of queue.delete-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *QueueDeleteOk) Append(dst []byte) []byte {
 	dst = appendLong(dst, m.MessageCount)
 	return dst
-}
-
-func (m *QueueDeleteOk) check() error {
-	return nil
 }
 
 // BasicQos is basic.qos (60, 10). It is answered by basic.qos-ok.
@@ -2030,7 +1746,7 @@ func (m *BasicQos) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.qos to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicQos) Append(dst []byte) []byte {
 	dst = appendLong(dst, m.PrefetchSize)
 	dst = appendShort(dst, m.PrefetchCount)
@@ -2040,10 +1756,6 @@ func (m *BasicQos) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *BasicQos) check() error {
-	return nil
 }
 
 // BasicQosOk is basic.qos-ok (60, 11).
@@ -2059,13 +1771,9 @@ func (_ *BasicQosOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.qos-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *BasicQosOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *BasicQosOk) check() error {
-	return nil
 }
 
 // BasicConsume is basic.consume (60, 20). It is answered by basic.consume-ok.
@@ -2099,7 +1807,7 @@ func (m *BasicConsume) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.consume to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicConsume) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Queue)
@@ -2122,19 +1830,6 @@ func (m *BasicConsume) Append(dst []byte) []byte {
 	return dst
 }
 
-func (m *BasicConsume) check() error {
-	if err := checkShortstr("queue", m.Queue); err != nil {
-		return err
-	}
-	if err := checkShortstr("consumer-tag", m.ConsumerTag); err != nil {
-		return err
-	}
-	if err := checkTable("arguments", m.Arguments); err != nil {
-		return err
-	}
-	return nil
-}
-
 // BasicConsumeOk is basic.consume-ok (60, 21).
 type BasicConsumeOk struct {
 	ConsumerTag string
@@ -2151,17 +1846,10 @@ func (m *BasicConsumeOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.consume-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicConsumeOk) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.ConsumerTag)
 	return dst
-}
-
-func (m *BasicConsumeOk) check() error {
-	if err := checkShortstr("consumer-tag", m.ConsumerTag); err != nil {
-		return err
-	}
-	return nil
 }
 
 // BasicCancel is basic.cancel (60, 30). It is answered by basic.cancel-ok.
@@ -2183,7 +1871,7 @@ func (m *BasicCancel) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.cancel to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicCancel) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.ConsumerTag)
 	var bits uint8
@@ -2192,13 +1880,6 @@ func (m *BasicCancel) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *BasicCancel) check() error {
-	if err := checkShortstr("consumer-tag", m.ConsumerTag); err != nil {
-		return err
-	}
-	return nil
 }
 
 // BasicCancelOk is basic.cancel-ok (60, 31).
@@ -2217,17 +1898,10 @@ func (m *BasicCancelOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.cancel-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicCancelOk) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.ConsumerTag)
 	return dst
-}
-
-func (m *BasicCancelOk) check() error {
-	if err := checkShortstr("consumer-tag", m.ConsumerTag); err != nil {
-		return err
-	}
-	return nil
 }
 
 // BasicPublish is basic.publish (60, 40). It is followed by a content header and body.
@@ -2255,7 +1929,7 @@ func (m *BasicPublish) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.publish to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicPublish) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Exchange)
@@ -2269,16 +1943,6 @@ func (m *BasicPublish) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *BasicPublish) check() error {
-	if err := checkShortstr("exchange", m.Exchange); err != nil {
-		return err
-	}
-	if err := checkShortstr("routing-key", m.RoutingKey); err != nil {
-		return err
-	}
-	return nil
 }
 
 // BasicReturn is basic.return (60, 50). It is followed by a content header and body.
@@ -2303,26 +1967,13 @@ func (m *BasicReturn) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.return to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicReturn) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.ReplyCode)
 	dst = appendShortstr(dst, m.ReplyText)
 	dst = appendShortstr(dst, m.Exchange)
 	dst = appendShortstr(dst, m.RoutingKey)
 	return dst
-}
-
-func (m *BasicReturn) check() error {
-	if err := checkShortstr("reply-text", m.ReplyText); err != nil {
-		return err
-	}
-	if err := checkShortstr("exchange", m.Exchange); err != nil {
-		return err
-	}
-	if err := checkShortstr("routing-key", m.RoutingKey); err != nil {
-		return err
-	}
-	return nil
 }
 
 // BasicDeliver is basic.deliver (60, 60). It is followed by a content header and body.
@@ -2350,7 +2001,7 @@ func (m *BasicDeliver) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.deliver to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicDeliver) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.ConsumerTag)
 	dst = appendLonglong(dst, m.DeliveryTag)
@@ -2362,19 +2013,6 @@ func (m *BasicDeliver) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.Exchange)
 	dst = appendShortstr(dst, m.RoutingKey)
 	return dst
-}
-
-func (m *BasicDeliver) check() error {
-	if err := checkShortstr("consumer-tag", m.ConsumerTag); err != nil {
-		return err
-	}
-	if err := checkShortstr("exchange", m.Exchange); err != nil {
-		return err
-	}
-	if err := checkShortstr("routing-key", m.RoutingKey); err != nil {
-		return err
-	}
-	return nil
 }
 
 // BasicGet is basic.get (60, 70). It is answered by basic.get-ok or basic.get-empty.
@@ -2398,7 +2036,7 @@ func (m *BasicGet) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.get to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicGet) Append(dst []byte) []byte {
 	dst = appendShort(dst, m.Reserved1)
 	dst = appendShortstr(dst, m.Queue)
@@ -2408,13 +2046,6 @@ func (m *BasicGet) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *BasicGet) check() error {
-	if err := checkShortstr("queue", m.Queue); err != nil {
-		return err
-	}
-	return nil
 }
 
 // BasicGetOk is basic.get-ok (60, 71). It is followed by a content header and body.
@@ -2442,7 +2073,7 @@ func (m *BasicGetOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.get-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicGetOk) Append(dst []byte) []byte {
 	dst = appendLonglong(dst, m.DeliveryTag)
 	var bits uint8
@@ -2454,16 +2085,6 @@ func (m *BasicGetOk) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.RoutingKey)
 	dst = appendLong(dst, m.MessageCount)
 	return dst
-}
-
-func (m *BasicGetOk) check() error {
-	if err := checkShortstr("exchange", m.Exchange); err != nil {
-		return err
-	}
-	if err := checkShortstr("routing-key", m.RoutingKey); err != nil {
-		return err
-	}
-	return nil
 }
 
 // BasicGetEmpty is basic.get-empty (60, 72).
@@ -2482,17 +2103,10 @@ func (m *BasicGetEmpty) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.get-empty to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicGetEmpty) Append(dst []byte) []byte {
 	dst = appendShortstr(dst, m.Reserved1)
 	return dst
-}
-
-func (m *BasicGetEmpty) check() error {
-	if err := checkShortstr("reserved-1", m.Reserved1); err != nil {
-		return err
-	}
-	return nil
 }
 
 // BasicAck is basic.ack (60, 80).
@@ -2514,7 +2128,7 @@ func (m *BasicAck) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.ack to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicAck) Append(dst []byte) []byte {
 	dst = appendLonglong(dst, m.DeliveryTag)
 	var bits uint8
@@ -2523,10 +2137,6 @@ func (m *BasicAck) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *BasicAck) check() error {
-	return nil
 }
 
 // BasicReject is basic.reject (60, 90).
@@ -2548,7 +2158,7 @@ func (m *BasicReject) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.reject to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicReject) Append(dst []byte) []byte {
 	dst = appendLonglong(dst, m.DeliveryTag)
 	var bits uint8
@@ -2557,10 +2167,6 @@ func (m *BasicReject) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *BasicReject) check() error {
-	return nil
 }
 
 // BasicRecoverAsync is basic.recover-async (60, 100). Deprecated by the spec.
@@ -2580,7 +2186,7 @@ func (m *BasicRecoverAsync) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.recover-async to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicRecoverAsync) Append(dst []byte) []byte {
 	var bits uint8
 	if m.Requeue {
@@ -2588,10 +2194,6 @@ func (m *BasicRecoverAsync) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *BasicRecoverAsync) check() error {
-	return nil
 }
 
 // BasicRecover is basic.recover (60, 110). It is answered by basic.recover-ok.
@@ -2611,7 +2213,7 @@ func (m *BasicRecover) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.recover to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicRecover) Append(dst []byte) []byte {
 	var bits uint8
 	if m.Requeue {
@@ -2619,10 +2221,6 @@ func (m *BasicRecover) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *BasicRecover) check() error {
-	return nil
 }
 
 // BasicRecoverOk is basic.recover-ok (60, 111).
@@ -2638,13 +2236,9 @@ func (_ *BasicRecoverOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.recover-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *BasicRecoverOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *BasicRecoverOk) check() error {
-	return nil
 }
 
 // BasicNack is basic.nack (60, 120).
@@ -2668,7 +2262,7 @@ func (m *BasicNack) Decode(b []byte) error {
 }
 
 // Append appends the arguments of basic.nack to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *BasicNack) Append(dst []byte) []byte {
 	dst = appendLonglong(dst, m.DeliveryTag)
 	bits := uint8(0)
@@ -2680,10 +2274,6 @@ func (m *BasicNack) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *BasicNack) check() error {
-	return nil
 }
 
 // TxSelect is tx.select (90, 10). It is answered by tx.select-ok.
@@ -2699,13 +2289,9 @@ func (_ *TxSelect) Decode(b []byte) error {
 }
 
 // Append appends the arguments of tx.select to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *TxSelect) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *TxSelect) check() error {
-	return nil
 }
 
 // TxSelectOk is tx.select-ok (90, 11).
@@ -2721,13 +2307,9 @@ func (_ *TxSelectOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of tx.select-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *TxSelectOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *TxSelectOk) check() error {
-	return nil
 }
 
 // TxCommit is tx.commit (90, 20). It is answered by tx.commit-ok.
@@ -2743,13 +2325,9 @@ func (_ *TxCommit) Decode(b []byte) error {
 }
 
 // Append appends the arguments of tx.commit to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *TxCommit) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *TxCommit) check() error {
-	return nil
 }
 
 // TxCommitOk is tx.commit-ok (90, 21).
@@ -2765,13 +2343,9 @@ func (_ *TxCommitOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of tx.commit-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *TxCommitOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *TxCommitOk) check() error {
-	return nil
 }
 
 // TxRollback is tx.rollback (90, 30). It is answered by tx.rollback-ok.
@@ -2787,13 +2361,9 @@ func (_ *TxRollback) Decode(b []byte) error {
 }
 
 // Append appends the arguments of tx.rollback to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *TxRollback) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *TxRollback) check() error {
-	return nil
 }
 
 // TxRollbackOk is tx.rollback-ok (90, 31).
@@ -2809,13 +2379,9 @@ func (_ *TxRollbackOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of tx.rollback-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *TxRollbackOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *TxRollbackOk) check() error {
-	return nil
 }
 
 // ConfirmSelect is confirm.select (85, 10). It is answered by confirm.select-ok.
@@ -2835,7 +2401,7 @@ func (m *ConfirmSelect) Decode(b []byte) error {
 }
 
 // Append appends the arguments of confirm.select to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (m *ConfirmSelect) Append(dst []byte) []byte {
 	var bits uint8
 	if m.NoWait {
@@ -2843,10 +2409,6 @@ func (m *ConfirmSelect) Append(dst []byte) []byte {
 	}
 	dst = append(dst, bits)
 	return dst
-}
-
-func (m *ConfirmSelect) check() error {
-	return nil
 }
 
 // ConfirmSelectOk is confirm.select-ok (85, 11).
@@ -2862,11 +2424,7 @@ func (_ *ConfirmSelectOk) Decode(b []byte) error {
 }
 
 // Append appends the arguments of confirm.select-ok to dst. It never fails: a string
-// too long for its field is truncated (see AppendMethodChecked).
+// too long for its field is truncated.
 func (_ *ConfirmSelectOk) Append(dst []byte) []byte {
 	return dst
-}
-
-func (_ *ConfirmSelectOk) check() error {
-	return nil
 }

@@ -429,7 +429,7 @@ func (g *gen) method(c class, m method) {
 
 	// Append.
 	g.p("// Append appends the arguments of %s to dst. It never fails: a string", full)
-	g.p("// too long for its field is truncated (see AppendMethodChecked).")
+	g.p("// too long for its field is truncated.")
 	g.p("func (%s *%s) Append(dst []byte) []byte {", recv, name)
 	for i, f := range m.Fields {
 		fn := public(f.Name)
@@ -455,23 +455,6 @@ func (g *gen) method(c class, m method) {
 		}
 	}
 	g.p("return dst")
-	g.p("}")
-	g.p("")
-
-	// check.
-	g.p("func (%s *%s) check() error {", recv, name)
-	for _, f := range m.Fields {
-		fn := public(f.Name)
-		switch g.typeOf(f) {
-		case "shortstr":
-			g.p("if err := checkShortstr(%q, m.%s); err != nil { return err }", f.Name, fn)
-		case "longstr":
-			g.p("if err := checkLongstr(%q, len(m.%s)); err != nil { return err }", f.Name, fn)
-		case "table":
-			g.p("if err := checkTable(%q, m.%s); err != nil { return err }", f.Name, fn)
-		}
-	}
-	g.p("return nil")
 	g.p("}")
 	g.p("")
 }

@@ -1,0 +1,216 @@
+package delayed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/delayproxy/delayproxy/amqpproxy"
+	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/metrics"
+	"github.com/delayproxy/delayproxy/store"
+)
+
+// job is one delayed publish waiting to be stored.
+type job struct {
+	msg *store.Message
+	pub *amqpproxy.Publish
+}
+
+// claim is what InterceptsPublish learnt about a publish it took, carried
+// to Publish and on to the store: the registry record of its exchange, or
+// the declare in progress on this connection to wait for.
+type claim struct {
+	def       store.ExchangeDef
+	declaring chan struct{} // non-nil: def is looked up once it is closed
+}
+
+// InterceptsPublish implements amqpproxy.ConnHooks: publishes to a delayed
+// exchange, or to one this connection is declaring, are taken. It is the
+// publish's one registry lookup (but for a publish that waits for a
+// declare, which looks the exchange up once the declare is done).
+func (h *connHooks) InterceptsPublish(_ *amqpproxy.Channel, m *wire.BasicPublish) (any, bool) {
+	if m.Exchange == "" {
+		return nil, false
+	}
+	h.mu.Lock()
+	wait := h.declaring[m.Exchange]
+	h.mu.Unlock()
+	if wait != nil {
+		return claim{declaring: wait}, true
+	}
+	d, ok := h.i.cfg.Store.Exchange(h.c.VHost, m.Exchange)
+	if !ok {
+		return nil, false
+	}
+	return claim{def: d}, true
+}
+
+// Publish implements amqpproxy.ConnHooks.
+func (h *connHooks) Publish(p *amqpproxy.Publish) {
+	c := p.Claim.(claim)
+	if c.declaring != nil {
+		select {
+		case <-c.declaring:
+		case <-h.c.Done():
+			return
+		}
+		d, ok := h.i.cfg.Store.Exchange(h.c.VHost, p.Publish.Exchange)
+		if !ok {
+			p.Relay() // the declare failed: RabbitMQ answers as it would
+			return
+		}
+		c.def = d
+	}
+	props, err := wire.DecodeProperties(p.Properties())
+	if err != nil {
+		h.c.Close(wire.SyntaxError, "content header: "+err.Error())
+		return
+	}
+	ms, held, err := parseDelay(props.Headers, h.i.cfg.MaxDelay)
+	if err != nil {
+		reason := metrics.RefusedInvalidDelay
+		if errors.Is(err, errDelayTooLong) {
+			reason = metrics.RefusedDelayTooLong
+		}
+		h.i.cfg.Metrics.Refused(reason)
+		closePublish(p, err)
+		return
+	}
+	if !held || p.Publish.Immediate {
+		p.Relay() // routed at once, header as it was; immediate: RabbitMQ's 540
+		return
+	}
+	if props.UserID != "" && props.UserID != h.c.User {
+		p.CloseChannel(wire.PreconditionFailed, fmt.Sprintf(
+			"user_id property set to '%s' but authenticated user was '%s'", props.UserID, h.c.User))
+		return
+	}
+	// The proxy releases with its own account: RabbitMQ judges the
+	// client's right to publish here, before anything is stored.
+	if err := h.checkPublish(&c.def, p.Publish.RoutingKey); err != nil {
+		reason := metrics.RefusedUpstream
+		if code, _ := replyOf(err); code == wire.AccessRefused {
+			reason = metrics.RefusedForbidden
+		}
+		h.i.cfg.Metrics.Refused(reason)
+		closePublish(p, err)
+		return
+	}
+	msg := &store.Message{
+		VHost:       h.c.VHost,
+		Exchange:    p.Publish.Exchange,
+		RoutingKey:  p.Publish.RoutingKey,
+		Mandatory:   p.Publish.Mandatory,
+		Properties:  p.Properties(),
+		Body:        p.Body,
+		Due:         DueAt(h.i.cfg.Now(), ms),
+		Delay:       ms,
+		Priority:    props.Priority,
+		MessageID:   props.MessageID,
+		Incarnation: c.def.Incarnation,
+	}
+	if p.Channel.TxMode() {
+		h.tx[p.Channel] = append(h.tx[p.Channel], msg)
+		p.Ack() // done; tx.commit stores it
+		return
+	}
+	select {
+	case h.queue <- &job{msg: msg, pub: p}:
+	case <-h.c.Done():
+	}
+}
+
+// checkPublish asks RabbitMQ (Conn.CheckPublish) whether the client's user
+// may publish to the delayed exchange def: write permission, and topic
+// permission on the routing key when the exchange routes by topic.
+func (h *connHooks) checkPublish(def *store.ExchangeDef, routingKey string) error {
+	if def.DelayedType != "topic" {
+		routingKey = "" // only topic exchanges check the key
+	}
+	return h.c.CheckPublish(h.i.ctx, def.Name, routingKey)
+}
+
+// storer stores the connection's delayed publishes in the order they came,
+// batching whatever queued up during the previous commit, and answers them.
+func (h *connHooks) storer() {
+	defer h.i.wg.Done()
+	batch := make([]*job, 0, 64)
+	msgs := make([]*store.Message, 0, 64)
+	for j := range h.queue {
+		batch = append(batch[:0], j)
+	more:
+		for len(batch) < cap(batch) {
+			select {
+			case j, ok := <-h.queue:
+				if !ok {
+					break more
+				}
+				batch = append(batch, j)
+			default:
+				break more
+			}
+		}
+		msgs = msgs[:0]
+		for _, j := range batch {
+			msgs = append(msgs, j.msg)
+		}
+		err := h.i.cfg.Store.Put(h.i.ctx, msgs...)
+		if err != nil {
+			h.i.cfg.Logger.Error("cannot store delayed messages", "vhost", h.c.VHost, "n", len(msgs), "err", err)
+			for _, j := range batch {
+				h.i.cfg.Metrics.Refused(metrics.RefusedStoreError)
+				if j.pub.Channel.ConfirmMode() {
+					j.pub.Nack()
+				} else {
+					j.pub.CloseChannel(wire.ResourceError, "cannot store delayed message: "+err.Error())
+				}
+			}
+			continue
+		}
+		h.i.cfg.Scheduler.Added(msgs...)
+		h.i.cfg.Metrics.Stored(len(msgs))
+		for _, j := range batch {
+			j.pub.Ack()
+		}
+		clear(batch)
+	}
+}
+
+// commit stores a transaction's delayed publishes, then relays tx.commit;
+// if RabbitMQ does not commit, the stored messages are cancelled.
+func (h *connHooks) commit(call *amqpproxy.Call, msgs []*store.Message) {
+	st := h.i.cfg.Store
+	if err := st.Put(h.i.ctx, msgs...); err != nil {
+		h.i.cfg.Metrics.Refused(metrics.RefusedStoreError)
+		h.i.cfg.Logger.Error("cannot store delayed messages at tx.commit", "vhost", h.c.VHost, "n", len(msgs), "err", err)
+		call.CloseChannel(wire.ResourceError, "cannot store delayed messages: "+err.Error())
+		return
+	}
+	call.Relay(nil, func(r *amqpproxy.Reply) {
+		if r.Err == nil && r.Method.ID() == wire.IDTxCommitOk {
+			h.i.cfg.Metrics.Stored(len(msgs))
+			h.i.cfg.Scheduler.Added(msgs...)
+			r.Pass()
+			return
+		}
+		if r.Err == nil {
+			r.Pass()
+		}
+		h.i.wg.Add(1)
+		go func() {
+			defer h.i.wg.Done()
+			for _, m := range msgs {
+				if _, err := st.CancelKey(context.Background(), m.Key); err != nil {
+					h.i.cfg.Logger.Error("cannot withdraw delayed message of a failed tx.commit", "key", fmt.Sprintf("%x", m.Key), "err", err)
+				}
+			}
+		}()
+	})
+}
+
+// closePublish closes the publish's channel with the error's code and text.
+func closePublish(p *amqpproxy.Publish, err error) {
+	code, text := replyOf(err)
+	p.CloseChannel(code, text)
+}
