@@ -20,10 +20,44 @@ const (
 
 // Wheel is a hashed timing wheel of store keys with one slot per millisecond.
 // It is a plain data structure: no goroutines, no locks, the time is passed
-// in. See the package doc for the layout.
+// in (unix milliseconds).
 //
 // Entries are held in release order (store.Key byte order): Expire returns
-// them by due time, then priority descending, then sequence.
+// them by due time, then priority descending, then sequence. Add of a key
+// already held is a no-op that reports false.
+//
+// Layout: Span() slots (a power of two, at least the horizon plus 64) and
+// one level of 64 ms buckets in front of them:
+//
+//	due <= Now()               over: sorted slice, returned first by Expire
+//	Now() < due < open         slots[due & (Span-1)]: sorted slice of keys
+//	open <= due <= Horizon()   stage[(due>>6) & (Span/64-1)]: unsorted keys
+//	due > Horizon()            refused by Add (the caller keeps it on disk)
+//
+//	occ:  1 bit per slot, set when the slot is not empty (Span/64 words;
+//	      word b covers the 64 slots of bucket b)
+//	sum:  1 bit per occ word, set when that word is not zero
+//	socc: 1 bit per bucket, set when its stage is not empty
+//
+// Within the horizon every slot and every bucket stands for exactly one time
+// (Horizon stops one bucket short of wrapping onto the current one), so no
+// entry carries a round count. Add appends a key due at or beyond open to
+// the stage of its bucket; when Expire or Next reaches the first staged
+// bucket, its keys are sorted into their slots and open moves to the
+// bucket's end. Keys due before open go straight into their slot. This is a
+// hierarchical wheel's cascade with one level and a 64 ms bucket; the
+// horizon is short and the store holds everything later, so no second level
+// is needed.
+//
+// Costs: Add and Cancel O(1), plus a binary search within a slot or a scan
+// of one bucket when a key arrives out of order (proving a key new is O(1)
+// when it is later than, or has a newer sequence than, everything in its
+// bucket: keys loaded in order, keys just published); Expire O(entries
+// returned + Span/4096); Next O(Span/4096), so a driver arms one timer to
+// exactly the next due time and never ticks through empty milliseconds.
+// Expire never returns an entry due after the time it is given, and Now()
+// never moves back: if the wall clock goes back, keys due between the new
+// time and Now() wait in over until the clock reaches them.
 type Wheel struct {
 	pos   int64         // every entry due <= pos is in over
 	span  int64         // number of 1 ms slots, a power of two
