@@ -23,12 +23,19 @@
 //     the clock's wall time has reached its due millisecond. Timers decide
 //     when the loop looks, never what it releases. If the wall clock goes
 //     back, nothing is released until it reaches each due time again.
-//   - Release order (invariant 4): due time, then priority descending, then
-//     publish order. A backlog drains oldest due first. A message whose
-//     release was not confirmed goes back ahead of everything due later and
-//     all releases pause for the retry backoff, so later messages do not
-//     overtake it. With MaxInFlight above BatchSize, the order of
-//     overlapping batches is up to the Releaser.
+//   - Release order (invariant 4): among the messages that are due, the
+//     highest priority first, then the earliest due, then publish order.
+//     When releases keep up, each message goes at its due millisecond, so
+//     this orders the messages of one millisecond; when they are behind (a
+//     burst, a backlog after downtime, Rate, the retry backoff), it orders
+//     everything due that the scheduler has loaded. The loader reads a
+//     backlog oldest first, in windows (invariant 6), so after a downtime
+//     longer than the horizon the first releases are the best of the oldest
+//     window. A message whose release was not confirmed goes back among the
+//     due ones, first of its priority, and all releases pause for the retry
+//     backoff, so later messages of its priority do not overtake it. With
+//     MaxInFlight above BatchSize, the order of overlapping batches is up to
+//     the Releaser.
 //   - Deleted only after the confirm (invariant 2): a message leaves the
 //     store only once RabbitMQ confirmed its release, or when it is stale
 //     (its exchange was deleted or re-created: deleted, never released).

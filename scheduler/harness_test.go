@@ -286,9 +286,30 @@ func (h *harness) stored(msgs ...*store.Message) []bool {
 
 func (h *harness) wantReleased(want ...string) {
 	h.t.Helper()
-	if got := h.rel.released(); !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+	got := h.rel.released()
+	if slices.Equal(got, want) || len(got) == 0 && len(want) == 0 {
+		return
+	}
+	if len(want) <= 100 {
 		h.t.Fatalf("released %v, want %v", got, want)
 	}
+	i := 0
+	for i < min(len(got), len(want)) && got[i] == want[i] {
+		i++
+	}
+	h.t.Fatalf("released %d, want %d; first difference at %d: %v, want %v", len(got), len(want), i, got[i:min(i+5, len(got))], want[i:min(i+5, len(want))])
+}
+
+// inReleaseOrder lists the IDs of msgs in release order among due
+// messages: priority descending, then due time, then publish order.
+func inReleaseOrder(msgs ...*store.Message) []string {
+	msgs = slices.Clone(msgs)
+	slices.SortFunc(msgs, func(a, b *store.Message) int { return releaseOrder(a.Key, b.Key) })
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.MessageID
+	}
+	return ids
 }
 
 // pipeline is a PipelinedReleaser over a recorder: Publish records the order

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -10,37 +11,89 @@ import (
 	"github.com/delayproxy/delayproxy/store"
 )
 
-func TestRestartDrainsOverdueOldestFirst(t *testing.T) {
-	h := newHarness(t, Options{BatchSize: 3})
-	var want []store.Key
-	ids := map[store.Key]string{}
-	// Due over the last hour, priorities mixed, several per due time.
-	for i := range 40 {
-		due := -int64(3_600_000) + int64(i%7)*500_000
-		m := h.put(fmt.Sprintf("m%02d", i), due, uint8(i%4))
-		want = append(want, m.Key)
-		ids[m.Key] = m.MessageID
+// putBacklog stores n messages due at pseudo-random times over the span ms
+// before now, with priorities 0-9, as if they fell due while the proxy was
+// down, then restarts the store (closes and reopens it).
+func (h *harness) putBacklog(n int, span int64) []*store.Message {
+	h.t.Helper()
+	r := rand.New(rand.NewPCG(uint64(n), uint64(span)))
+	msgs := make([]*store.Message, n)
+	for i := range msgs {
+		msgs[i] = h.put(fmt.Sprintf("m%04d", i), -1-r.Int64N(span), uint8(r.IntN(10)))
 	}
-	slices.SortFunc(want, store.CompareKeys)
-	// Restart: close and reopen the store, then run the scheduler.
 	if err := h.st.Close(); err != nil {
-		t.Fatal(err)
+		h.t.Fatal(err)
 	}
 	h.open()
-	h.start()
-	h.settle()
-	var wantIDs []string
-	for _, k := range want {
-		wantIDs = append(wantIDs, ids[k])
+	return msgs
+}
+
+func TestBacklogAfterDowntimeDrainsByPriority(t *testing.T) {
+	// The loader reads a backlog from its oldest key in windows of one
+	// horizon, doubling; each backlog here is within the first window, so
+	// the whole of it is loaded before the first release.
+	tests := []struct {
+		name string
+		opts Options
+		n    int
+		down int64 // ms
+	}{
+		{"down 30 s, small batches", Options{BatchSize: 3}, 40, 30_000},
+		{"down 50 s", Options{}, 3000, 50_000},
+		{"down 1 s, one batch", Options{}, 200, 1000},
 	}
-	h.wantReleased(wantIDs...)
-	for _, b := range h.rel.batches {
-		if len(b) > 3 {
-			t.Fatalf("batch of %d with BatchSize 3", len(b))
-		}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, tc.opts)
+			msgs := h.putBacklog(tc.n, tc.down)
+			h.start()
+			h.settle()
+			h.wantReleased(inReleaseOrder(msgs...)...)
+			for _, b := range h.rel.batches {
+				if len(b) > h.s.opts.BatchSize {
+					t.Fatalf("batch of %d with BatchSize %d", len(b), h.s.opts.BatchSize)
+				}
+			}
+			if n := h.st.Pending(); n != 0 {
+				t.Fatalf("store holds %d after the drain", n)
+			}
+		})
 	}
-	if n := h.st.Pending(); n != 0 {
-		t.Fatalf("store holds %d after the drain", n)
+}
+
+func TestRateLimitedBacklogDrainsByPriority(t *testing.T) {
+	// At 20/s (a bucket of 2 every 100 ms) the loader has loaded all of a
+	// backlog long before most of it is released, and it goes out by
+	// priority, then due. After a downtime longer than the horizon, the
+	// first bucket goes before the loader has read past the oldest window:
+	// it is the best of that window.
+	tests := []struct {
+		name   string
+		down   int64 // ms
+		oldest bool  // two messages in the oldest window, alone
+	}{
+		{"down 30 s", 30_000, false},
+		{"down 10 h", 36_000_000, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Options{Rate: 20})
+			var first []*store.Message
+			rest := 30
+			if tc.oldest {
+				first = []*store.Message{h.put("old-p0", -tc.down, 0), h.put("old-p1", -tc.down+1, 1)}
+				rest -= len(first)
+			}
+			msgs := h.putBacklog(rest, min(tc.down, 9*3_600_000))
+			h.start()
+			h.settle()
+			want := append(inReleaseOrder(first...), inReleaseOrder(msgs...)...)
+			for i := 2; i < len(want); i += 2 {
+				h.wantReleased(want[:i]...)
+				h.advance(100 * time.Millisecond)
+			}
+			h.wantReleased(want...)
+		})
 	}
 }
 

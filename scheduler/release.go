@@ -171,10 +171,11 @@ func (s *Scheduler) publishFunc() func(ctx context.Context, batch []*store.Messa
 }
 
 // finish takes a batch's result in the loop. Keys not confirmed go back into
-// the wheel, ahead of everything due later, and all releases pause for the
-// retry backoff (doubling from RetryBackoffMin to RetryBackoffMax, reset by
-// a confirmed release), so later messages do not overtake a failed one;
-// confirmed messages of the same batch are not withdrawn.
+// the wheel, among the due ones and first of their priority, and all
+// releases pause for the retry backoff (doubling from RetryBackoffMin to
+// RetryBackoffMax, reset by a confirmed release), so later messages of
+// their priority do not overtake them; confirmed messages of the same batch
+// are not withdrawn.
 func (s *Scheduler) finish(res releaseResult) {
 	s.inflight -= res.n
 	s.calls--

@@ -3,7 +3,9 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -12,24 +14,123 @@ import (
 )
 
 func TestReleaseOrder(t *testing.T) {
-	h := newHarness(t, Options{Horizon: time.Second})
-	// Stored before the scheduler runs (found by the loader) ...
-	h.put("d20-p0-a", 20, 0)
-	h.put("d10-p0", 10, 0)
-	h.put("d20-p5", 20, 5)
-	h.put("d20-p0-b", 20, 0)
+	tests := []struct {
+		name string
+		step time.Duration // the clock moves to +20 ms in these steps
+		want []string
+	}{
+		{"keeping up: each at its due millisecond", time.Millisecond,
+			[]string{"d10-p0", "d15-p1", "d20-p9", "d20-p5", "d20-p0-a", "d20-p0-b", "d20-p0-c"}},
+		{"behind: by priority, then due", 20 * time.Millisecond,
+			[]string{"d20-p9", "d20-p5", "d15-p1", "d10-p0", "d20-p0-a", "d20-p0-b", "d20-p0-c"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Options{Horizon: time.Second})
+			// Stored before the scheduler runs (found by the loader) ...
+			h.put("d20-p0-a", 20, 0)
+			h.put("d10-p0", 10, 0)
+			h.put("d20-p5", 20, 5)
+			h.put("d20-p0-b", 20, 0)
+			h.start()
+			// ... and after (handed over by Added), interleaved in due time.
+			h.put("d20-p9", 20, 9)
+			h.put("d15-p1", 15, 1)
+			h.put("d20-p0-c", 20, 0)
+			h.put("d5000-p0", 5000, 0) // beyond the horizon
+			for h.clk.Now().Before(base.Add(20 * time.Millisecond)) {
+				h.advance(tc.step)
+			}
+			h.wantReleased(tc.want...)
+			h.advance(5 * time.Second)
+			h.wantReleased(append(tc.want, "d5000-p0")...)
+			if n := h.st.Pending(); n != 0 {
+				t.Fatalf("store holds %d messages after all were confirmed", n)
+			}
+		})
+	}
+}
+
+func TestPriorityAmongDue(t *testing.T) {
+	// Three publishes with the same delay a millisecond apart, priorities
+	// 1, 9, 5: at their due milliseconds when releases keep up; by
+	// priority when they are behind.
+	tests := []struct {
+		name string
+		run  func(h *harness)
+		want []string
+	}{
+		{"keeping up", func(h *harness) {
+			for range 4 {
+				h.advance(time.Millisecond)
+			}
+		}, []string{"p1", "p9", "p5"}},
+		{"the loop late", func(h *harness) { h.advance(4 * time.Millisecond) }, []string{"p9", "p5", "p1"}},
+		{"the releaser busy", func(h *harness) {
+			h.rel.mu.Lock()
+			h.rel.block = make(chan struct{})
+			h.rel.entered = make(chan struct{}, 10)
+			h.rel.mu.Unlock()
+			h.put("busy", 1, 0)
+			h.clk.Advance(time.Millisecond) // not h.advance: that waits for the release
+			select {
+			case <-h.rel.entered:
+			case <-time.After(10 * time.Second):
+				h.t.Fatal("release did not start")
+			}
+			for range 3 {
+				h.clk.Advance(time.Millisecond)
+			}
+			close(h.rel.block)
+			h.settle()
+		}, []string{"busy", "p9", "p5", "p1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Options{})
+			h.start()
+			h.put("p1", 2, 1)
+			h.put("p9", 3, 9)
+			h.put("p5", 4, 5)
+			h.settle()
+			tc.run(h)
+			h.wantReleased(tc.want...)
+		})
+	}
+}
+
+func TestBurstDrainsByPriority(t *testing.T) {
+	// 100,000 messages published together with random priorities, due
+	// within five milliseconds: once due they drain by priority, then due
+	// time, then publish order; none is lost, none is early (the recorder
+	// checks).
+	const n = 100_000
+	h := newHarness(t, Options{})
 	h.start()
-	// ... and after (handed over by Added), interleaved in due time.
-	h.put("d20-p9", 20, 9)
-	h.put("d15-p1", 15, 1)
-	h.put("d20-p0-c", 20, 0)
-	h.put("d5000-p0", 5000, 0) // beyond the horizon
-	h.advance(20 * time.Millisecond)
-	h.wantReleased("d10-p0", "d15-p1", "d20-p9", "d20-p5", "d20-p0-a", "d20-p0-b", "d20-p0-c")
-	h.advance(5 * time.Second)
-	h.wantReleased("d10-p0", "d15-p1", "d20-p9", "d20-p5", "d20-p0-a", "d20-p0-b", "d20-p0-c", "d5000-p0")
-	if n := h.st.Pending(); n != 0 {
-		t.Fatalf("store holds %d messages after all were confirmed", n)
+	h.settle()
+	r := rand.New(rand.NewPCG(1, 2))
+	msgs := make([]*store.Message, 0, n)
+	for len(msgs) < n {
+		batch := make([]*store.Message, 1000)
+		for i := range batch {
+			seq := len(msgs) + i
+			batch[i] = &store.Message{
+				VHost: "/", Exchange: "dx", RoutingKey: "rk", Body: []byte("x"),
+				Due: t0 + 500 + int64(seq%5), Delay: 500, Priority: uint8(r.IntN(10)), MessageID: strconv.Itoa(seq),
+			}
+		}
+		if err := h.st.Put(context.Background(), batch...); err != nil {
+			t.Fatal(err)
+		}
+		h.s.Added(batch...)
+		msgs = append(msgs, batch...)
+	}
+	h.settle()
+	h.wantReleased()
+	h.advance(time.Second)
+	h.wantReleased(inReleaseOrder(msgs...)...)
+	if p := h.st.Pending(); p != 0 {
+		t.Fatalf("store holds %d messages after the burst drained", p)
 	}
 }
 
@@ -221,23 +322,12 @@ func TestPipelinedReleaserKeepsOrderWithBatchesInFlight(t *testing.T) {
 	h := newHarness(t, Options{BatchSize: 4, MaxInFlight: 64})
 	p := &pipeline{recorder: h.rel, open: make(chan struct{}), published: make(chan []string, 100)}
 	h.piped = p
-	var want []string
 	var msgs []*store.Message
 	for i := range 40 {
-		id := fmt.Sprintf("m%02d", i)
-		msgs = append(msgs, h.put(id, int64(i/8), uint8(i%3))) // due in five groups, mixed priorities
-		want = append(want, id)
+		// Due in five groups from +1 ms, mixed priorities.
+		msgs = append(msgs, h.put(fmt.Sprintf("m%02d", i), 1+int64(i/8), uint8(i%3)))
 	}
-	// Release order: due, then priority descending, then publish order.
-	slices.SortStableFunc(want, func(a, b string) int {
-		var ia, ib int
-		fmt.Sscanf(a, "m%d", &ia)
-		fmt.Sscanf(b, "m%d", &ib)
-		if c := (ia / 8) - (ib / 8); c != 0 {
-			return c
-		}
-		return (ib % 3) - (ia % 3)
-	})
+	want := inReleaseOrder(msgs...) // all due at once: by priority, then due
 	h.start()
 	h.clk.Advance(10 * time.Millisecond) // not h.advance: that waits for confirms
 	// Every batch is published before any confirm arrives: pipelined.
