@@ -227,7 +227,9 @@ func (h *harness) settle() snapshot {
 	h.mu.Unlock()
 	want := h.clk.Now().UnixMilli()
 	h.s.kick()
-	deadline := time.After(10 * time.Second)
+	// A guard against a hung loop, not a time limit: the 100,000-message
+	// burst takes a minute to drain with -race on a busy machine.
+	deadline := time.After(3 * time.Minute)
 	for {
 		select {
 		case <-h.idleCh:
