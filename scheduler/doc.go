@@ -54,8 +54,9 @@
 // Every goroutine (the release pipeline, plain Release calls, the delete) is
 // tracked and Run waits for it.
 //
-// The files follow the parts: wheel.go, loop.go (Run), inbox.go (Added,
-// Cancelled), load.go (the horizon loader), release.go (the release
-// pipeline), delete.go (deletes of released messages). Design notes and
-// measurements are in docs/scheduler.md.
+// The files follow the parts: wheel.go and due.go (the Wheel and its queues
+// of due keys), clock.go, loop.go (Run), inbox.go (Added, Cancelled),
+// load.go (the horizon loader), release.go (the release pipeline),
+// delete.go (deletes of released messages). Design notes and measurements
+// are in docs/scheduler.md.
 package scheduler
