@@ -104,14 +104,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		MaxInFlight:  MaxReleasesInFlight,
 		DeleteLinger: ReleaseDeleteLinger,
 		Logger:       p.log.With("room", "scheduler"),
-		OnReleased: func(_ *store.Message, late time.Duration) {
-			m.Released(1)
-			m.ReleaseLateness(late)
-		},
-		// No OnDiscarded: stale messages were counted when they went
-		// stale, as discarded (exchange.delete, by the interceptor) or
-		// cancelled (admin API); counting them again here would double
-		// them, and only once they fall due.
+		Metrics:      m,
 	})
 	icpt := delayed.New(delayed.Config{
 		Store:     st,

@@ -19,9 +19,11 @@
 //     Delivery is at-least-once across crashes; duplicates are bounded by the
 //     releases in flight and those awaiting their delete.
 //  3. Never early: a message is released at or after its due wall-clock time.
-//  4. Among messages due at the same time, higher AMQP priority goes first
-//     (no priority = 0); equal priority keeps publish order. A backlog drains
-//     oldest-due first and by priority within a due time.
+//  4. Among messages that are due, higher AMQP priority goes first (no
+//     priority = 0), then the earliest due, then publish order.
+//     When releases keep up, each message goes at its due millisecond; when
+//     they are behind (a burst, a backlog after downtime, a release rate),
+//     everything due that the scheduler has loaded goes out by priority.
 //  5. Memory does not grow with the number of pending messages: only the
 //     loaded horizon lives in RAM; the rest is in the store.
 //  6. Restart is instant: opening a store with millions of pending messages

@@ -20,12 +20,58 @@ const (
 
 // Wheel is a hashed timing wheel of store keys with one slot per millisecond.
 // It is a plain data structure: no goroutines, no locks, the time is passed
-// in. See the package doc for the layout.
+// in (unix milliseconds).
 //
-// Entries are held in release order (store.Key byte order): Expire returns
-// them by due time, then priority descending, then sequence.
+// Expire returns the entries due by the time it is given in release order:
+// priority descending, then due time, then sequence. Called every
+// millisecond, it returns each entry at its due millisecond; called late, or
+// with a limit below what is due, it returns the highest priority first
+// across everything due. Add of a key already held is a no-op that reports
+// false.
+//
+// Layout: Span() slots (a power of two, at least the horizon plus 64) and
+// one level of 64 ms buckets in front of them:
+//
+//	due <= Now()               due: one queue per priority (dueSet)
+//	Now() < due < open         slots[due & (Span-1)]: sorted slice of keys
+//	open <= due <= Horizon()   stage[(due>>6) & (Span/64-1)]: unsorted keys
+//	due > Horizon()            refused by Add (the caller keeps it on disk)
+//
+//	occ:  1 bit per slot, set when the slot is not empty (Span/64 words;
+//	      word b covers the 64 slots of bucket b)
+//	sum:  1 bit per occ word, set when that word is not zero
+//	socc: 1 bit per bucket, set when its stage is not empty
+//
+// Within the horizon every slot and every bucket stands for exactly one time
+// (Horizon stops one bucket short of wrapping onto the current one), so no
+// entry carries a round count. Add appends a key due at or beyond open to
+// the stage of its bucket; when Expire or Next reaches the first staged
+// bucket, its keys are sorted into their slots and open moves to the
+// bucket's end. Keys due before open go straight into their slot. This is a
+// hierarchical wheel's cascade with one level and a 64 ms bucket; the
+// horizon is short and the store holds everything later, so no second level
+// is needed.
+//
+// Expire takes whole slots in key order, which within one millisecond is
+// release order; only when what it returns spans several milliseconds does
+// it sort them. Only when more is due than it may return (the caller is
+// behind) does it move everything due into due, each key once, and return
+// from there: the first set bit of a 256-bit map, then that priority's
+// queue head.
+//
+// Costs: Add and Cancel O(1), plus a binary search within a slot or a due
+// queue, or a scan of one bucket, when a key arrives out of order (proving
+// a key new is O(1) when it is later than, or has a newer sequence than,
+// everything in its bucket or queue: keys loaded in order, keys just
+// published); Expire O(entries returned + Span/4096), plus one move per due
+// entry when behind; Next O(Span/4096), or O(priorities due) when behind, so
+// a driver arms one timer to exactly the next due time and never ticks
+// through empty milliseconds. Expire never returns an entry due after the
+// time it is given, and Now() never moves back: if the wall clock goes
+// back, keys due between the new time and Now() wait in due until the clock
+// reaches them.
 type Wheel struct {
-	pos   int64         // every entry due <= pos is in over
+	pos   int64         // every entry due <= pos is in due
 	span  int64         // number of 1 ms slots, a power of two
 	mask  int64         // span - 1
 	nb    int64         // number of buckets, span/64
@@ -44,8 +90,7 @@ type Wheel struct {
 	staged int           // entries staged
 	spool  [][]store.Key // drained stage arrays for reuse
 
-	over []store.Key // entries due <= pos, sorted; the live ones are over[head:]
-	head int
+	due dueSet // entries due <= pos
 }
 
 // bucket holds the staged entries of 64 milliseconds.
@@ -78,7 +123,7 @@ func NewWheel(now, span int64) *Wheel {
 }
 
 // Len is the number of entries held.
-func (w *Wheel) Len() int { return w.inSl + w.staged + len(w.over) - w.head }
+func (w *Wheel) Len() int { return w.inSl + w.staged + w.due.n }
 
 // Now is the wheel's position: everything due at or before it that Expire
 // was allowed to return has been returned. It never moves backwards.
@@ -102,7 +147,7 @@ func (w *Wheel) Add(k store.Key) bool {
 	d := k.Due()
 	switch {
 	case d <= w.pos:
-		return w.addOver(k)
+		return w.due.add(k)
 	case d > w.Horizon():
 		return false
 	case d < w.open:
@@ -127,20 +172,6 @@ func (w *Wheel) Add(k store.Key) bool {
 	}
 	b.keys = append(b.keys, k)
 	w.staged++
-	return true
-}
-
-func (w *Wheel) addOver(k store.Key) bool {
-	live, ok := insertKey(w.over[w.head:], k)
-	if !ok {
-		return false
-	}
-	if len(live) > cap(w.over)-w.head {
-		// insertKey reallocated: the dead prefix stays behind.
-		w.over, w.head = live, 0
-		return true
-	}
-	w.over = w.over[:w.head+len(live)]
 	return true
 }
 
@@ -172,20 +203,7 @@ func (w *Wheel) Cancel(k store.Key) bool {
 	d := k.Due()
 	switch {
 	case d <= w.pos:
-		live := w.over[w.head:]
-		j, found := slices.BinarySearchFunc(live, k, store.CompareKeys)
-		if !found {
-			return false
-		}
-		if j == 0 {
-			w.over[w.head] = store.Key{}
-			w.head++
-			w.compactOver()
-			return true
-		}
-		live = slices.Delete(live, j, j+1)
-		w.over = w.over[:w.head+len(live)]
-		return true
+		return w.due.cancel(k)
 	case d > w.Horizon():
 		return false
 	case d < w.open:
@@ -224,8 +242,8 @@ func (w *Wheel) Cancel(k store.Key) bool {
 // first staged bucket into its slots if no slot is occupied, so a driver
 // can sleep until exactly then.
 func (w *Wheel) Next() (int64, bool) {
-	if w.head < len(w.over) {
-		return w.over[w.head].Due(), true
+	if w.due.n > 0 {
+		return w.due.first(), true // due entries are earlier than the rest
 	}
 	if w.inSl == 0 {
 		if w.staged == 0 {
@@ -253,62 +271,100 @@ func (w *Wheel) Last() (store.Key, bool) {
 		s := w.slots[w.lastSlot()&w.mask]
 		return s[len(s)-1], true
 	}
-	if w.head < len(w.over) {
-		return w.over[len(w.over)-1], true
+	if w.due.n > 0 {
+		return w.due.last(), true
 	}
 	return store.Key{}, false
 }
 
-// Expire appends to dst every entry due at or before now, in key order, and
-// removes them from the wheel. It never returns an entry due after now.
+// Expire appends to dst every entry due at or before now, in release order
+// (priority descending, then due time, then sequence), and removes them from
+// the wheel. It never returns an entry due after now.
 func (w *Wheel) Expire(now int64, dst []store.Key) []store.Key {
 	return w.ExpireN(now, dst, math.MaxInt)
 }
 
-// ExpireN is Expire returning at most limit entries; the rest stay in the wheel
-// and come first next time. The work is proportional to the entries returned
-// and the staged entries sorted into slots on the way, plus Span()/4096
-// words of bitmap per call.
+// ExpireN is Expire returning at most limit entries: the first limit, in
+// release order, of those due at or before now; the rest stay in the wheel
+// and come first next time. The work is proportional to the entries
+// returned and the staged entries sorted into slots on the way, plus
+// Span()/4096 words of bitmap per call; when more is due than limit, each
+// due entry is also moved once into the due queues.
 func (w *Wheel) ExpireN(now int64, dst []store.Key, limit int) []store.Key {
 	if limit <= 0 {
 		return dst
 	}
-	// Entries due at or before pos come first: every other entry is later.
-	live := w.over[w.head:]
-	n := 0
-	for n < len(live) && n < limit && live[n].Due() <= now {
-		n++
+	if w.due.n == 0 {
+		// Keeping up: what is due fits in limit, and is mostly one
+		// millisecond, whose slot is in release order already.
+		start := len(dst)
+		var all bool
+		if dst, all = w.expireSlots(now, dst, limit); all {
+			if got := dst[start:]; len(got) > 1 && got[0].Due() != got[len(got)-1].Due() {
+				slices.SortFunc(got, releaseOrder)
+			}
+			return dst
+		}
+		// Behind: more is due than limit. The best of everything due
+		// goes first, so all of it goes into the due queues.
+		for _, k := range dst[start:] {
+			w.due.add(k)
+		}
+		dst = dst[:start]
 	}
-	if n > 0 {
-		dst = append(dst, live[:n]...)
-		clear(live[:n])
-		w.head += n
-		limit -= n
-		w.compactOver()
+	w.spillDue(now)
+	return w.due.expire(now, dst, limit)
+}
+
+// expireSlots appends to dst, in key order, whole slots of entries due at
+// or before now while they fit in limit. It reports whether it took every
+// entry due; if not, the position is the due time of the last slot taken.
+func (w *Wheel) expireSlots(now int64, dst []store.Key, limit int) ([]store.Key, bool) {
+	for {
+		d, ok := w.nextDueSlot(now)
+		if !ok {
+			return dst, true
+		}
+		i := d & w.mask
+		s := w.slots[i]
+		if len(s) > limit {
+			return dst, false
+		}
+		dst = append(dst, s...)
+		limit -= len(s)
+		w.inSl -= len(s)
+		w.clearSlot(i)
+		w.pos = d
 	}
-	if n < len(live) {
-		// Stopped at limit, or the rest is due after now (the wall clock
-		// went back); the other entries are later still.
-		return dst
+}
+
+// spillDue moves every entry due at or before now from the slots into the
+// due queues. Slots are later than every due entry and taken in key order,
+// so each key is appended to its queue.
+func (w *Wheel) spillDue(now int64) {
+	for {
+		d, ok := w.nextDueSlot(now)
+		if !ok {
+			return
+		}
+		i := d & w.mask
+		for _, k := range w.slots[i] {
+			w.due.add(k)
+		}
+		w.inSl -= len(w.slots[i])
+		w.clearSlot(i)
+		w.pos = d
 	}
-	for limit > 0 {
+}
+
+// nextDueSlot is the due time of the first non-empty slot when it is due at
+// or before now, sorting staged buckets into slots on the way. When nothing
+// in the slots is due, it moves the position up to now and reports false.
+func (w *Wheel) nextDueSlot(now int64) (int64, bool) {
+	for {
 		if w.inSl > 0 {
 			if d := w.nextSlot(); d <= now {
-				i := d & w.mask
-				s := w.slots[i]
-				if len(s) > limit {
-					dst = append(dst, s[:limit]...)
-					w.slots[i] = s[limit:]
-					w.inSl -= limit
-					w.pos = d - 1
-					return dst
-				}
-				dst = append(dst, s...)
-				limit -= len(s)
-				w.inSl -= len(s)
-				w.clearSlot(i)
-				w.pos = d
-				continue
+				return d, true
 			}
 		} else if w.staged > 0 {
 			// Staged entries are later than every slot entry.
@@ -317,12 +373,10 @@ func (w *Wheel) ExpireN(now int64, dst []store.Key, limit int) []store.Key {
 				continue
 			}
 		}
-		// Nothing else is due at or before now.
 		w.pos = max(w.pos, now)
 		w.open = max(w.open, w.pos+1)
-		break
+		return 0, false
 	}
-	return dst
 }
 
 // openBucket sorts the staged entries of bucket b (an absolute bucket
@@ -410,26 +464,6 @@ func (w *Wheel) clearSlot(i int64) {
 	w.occ[i>>6] &^= 1 << (i & 63)
 	if w.occ[i>>6] == 0 {
 		w.sum[i>>12] &^= 1 << ((i >> 6) & 63)
-	}
-}
-
-// compactOver releases the dead prefix of over once the live part is empty
-// or small next to it, so a long backlog does not pin memory.
-func (w *Wheel) compactOver() {
-	live := len(w.over) - w.head
-	switch {
-	case live == 0:
-		if cap(w.over) > 4096 {
-			w.over = nil
-		} else {
-			w.over = w.over[:0]
-		}
-		w.head = 0
-	case w.head >= 1024 && w.head >= live:
-		n := copy(w.over, w.over[w.head:])
-		clear(w.over[n:])
-		w.over = w.over[:n]
-		w.head = 0
 	}
 }
 

@@ -54,6 +54,12 @@ func TestWheelExpireOrder(t *testing.T) {
 			want: []store.Key{key(t0+10, 0, 1), key(t0+20, 0, 2), key(t0+30, 0, 3)},
 		},
 		{
+			name: "by priority, then due, across due times",
+			add:  []store.Key{key(t0+1, 1, 1), key(t0+2, 9, 2), key(t0+3, 5, 3), key(t0+4, 9, 4), key(t0+5, 0, 5)},
+			now:  t0 + 4,
+			want: []store.Key{key(t0+2, 9, 2), key(t0+4, 9, 4), key(t0+3, 5, 3), key(t0+1, 1, 1)},
+		},
+		{
 			name: "priority descending within a due time",
 			add:  []store.Key{key(t0+5, 0, 1), key(t0+5, 9, 2), key(t0+5, 3, 3), key(t0+5, 255, 4)},
 			now:  t0 + 5,
@@ -78,10 +84,10 @@ func TestWheelExpireOrder(t *testing.T) {
 			want: nil,
 		},
 		{
-			name: "overdue on add comes first",
+			name: "overdue on add, by priority",
 			add:  []store.Key{key(t0+1, 0, 5), key(t0-100, 0, 9), key(t0, 1, 8)},
 			now:  t0 + 1,
-			want: []store.Key{key(t0-100, 0, 9), key(t0, 1, 8), key(t0+1, 0, 5)},
+			want: []store.Key{key(t0, 1, 8), key(t0-100, 0, 9), key(t0+1, 0, 5)},
 		},
 		{
 			name: "the last slot of the span",
@@ -209,7 +215,7 @@ func TestWheelExpireN(t *testing.T) {
 		all = append(all, k)
 		w.Add(k)
 	}
-	slices.SortFunc(all, store.CompareKeys)
+	slices.SortFunc(all, releaseOrder)
 	var got []store.Key
 	for len(got) < len(all) {
 		before := len(got)
@@ -217,12 +223,12 @@ func TestWheelExpireN(t *testing.T) {
 		if len(got)-before != 2 && len(got) != len(all) {
 			t.Fatalf("ExpireN(max 2) returned %d", len(got)-before)
 		}
-		// A key added in the middle of a partly expired slot keeps its place.
+		// A key added behind those taken keeps its place among the rest.
 		if before == 0 {
 			late := key(t0+1, 0, 50)
 			w.Add(late)
 			all = append(all, late)
-			slices.SortFunc(all, store.CompareKeys)
+			slices.SortFunc(all[2:], releaseOrder)
 		}
 	}
 	if !slices.Equal(got, all) {
@@ -250,7 +256,8 @@ func TestWheelClockBack(t *testing.T) {
 	}
 }
 
-// oracle is the wheel's specification: a sorted set of keys.
+// oracle is the wheel's specification: a set of keys sorted in key order,
+// whose due entries expire in release order.
 type oracle []store.Key
 
 func (o *oracle) add(k store.Key) bool {
@@ -271,12 +278,21 @@ func (o *oracle) cancel(k store.Key) bool {
 }
 
 func (o *oracle) expire(now int64, max int) []store.Key {
-	n := 0
-	for n < len(*o) && n < max && (*o)[n].Due() <= now {
-		n++
+	var out []store.Key // the first max due keys in release order
+	for _, k := range *o {
+		if k.Due() > now {
+			continue
+		}
+		if j, _ := slices.BinarySearchFunc(out, k, releaseOrder); j < max {
+			out = slices.Insert(out, j, k)
+			out = out[:min(len(out), max)]
+		}
 	}
-	out := slices.Clone((*o)[:n])
-	*o = (*o)[n:]
+	taken := make(map[store.Key]bool, len(out))
+	for _, k := range out {
+		taken[k] = true
+	}
+	*o = slices.DeleteFunc(*o, func(k store.Key) bool { return taken[k] })
 	return out
 }
 
@@ -407,11 +423,75 @@ func TestWheelLongBacklog(t *testing.T) {
 		if seq < 20_000 {
 			addN(50)
 		}
-		if w.head > 1024 && w.head > w.Len() {
-			t.Fatalf("dead prefix %d kept behind %d live entries", w.head, w.Len())
+		for i, q := range w.due.q {
+			if q.head > 1024 && q.head > 2*q.live {
+				t.Fatalf("queue %d keeps %d free entries in front of %d live ones", i, q.head, q.live)
+			}
 		}
 	}
-	if cap(w.over) > 4096 {
-		t.Fatalf("drained backlog still holds a %d-key array", cap(w.over))
+	for i, q := range w.due.q {
+		if cap(q.e) > 4096 {
+			t.Fatalf("drained backlog: queue %d still holds a %d-entry array", i, cap(q.e))
+		}
+	}
+}
+
+func TestWheelBehindCancelAndRetry(t *testing.T) {
+	// Behind a backlog, the due keys wait in one queue per priority:
+	// cancels in the middle, a batch put back in front (a retry) and keys
+	// added again after their cancel keep release order, and the queues
+	// give their memory back.
+	w := NewWheel(t0, 64)
+	var o oracle
+	k := func(i int) store.Key { return key(t0-10_000+int64(i), uint8(i%2), uint64(i)) }
+	for i := range 5000 {
+		w.Add(k(i))
+		o.add(k(i))
+	}
+	expire := func(max int) []store.Key {
+		t.Helper()
+		want := o.expire(t0, max)
+		got := w.ExpireN(t0, nil, max)
+		if !slices.Equal(got, want) {
+			t.Fatalf("ExpireN(%d) = %v, want %v", max, dues(got), dues(want))
+		}
+		return got
+	}
+	expire(100) // more is due than that: all of it goes into the queues
+	if w.Add(k(4000)) {
+		t.Fatal("Add of a due key held reported new")
+	}
+	for i := 1500; i < 3500; i += 2 {
+		if got, want := w.Cancel(k(i)), o.cancel(k(i)); got != want {
+			t.Fatalf("Cancel(%d) = %v, want %v", i, got, want)
+		}
+	}
+	for i := 1500; i < 1600; i += 4 {
+		if !w.Add(k(i)) {
+			t.Fatalf("Add(%d) after its cancel = false", i)
+		}
+		o.add(k(i))
+	}
+	for _, k := range expire(256) { // not confirmed: back they go
+		if !w.Add(k) {
+			t.Fatalf("Add of a retried key = false")
+		}
+		o.add(k)
+	}
+	for w.Len() > 0 {
+		expire(97)
+		for i, q := range w.due.q {
+			if dead := len(q.e) - q.head - q.live; dead >= 64 && dead > q.live {
+				t.Fatalf("queue %d keeps %d cancelled entries beside %d live ones", i, dead, q.live)
+			}
+		}
+		if w.Len() != len(o) {
+			t.Fatalf("Len = %d, oracle %d", w.Len(), len(o))
+		}
+	}
+	for i, q := range w.due.q {
+		if cap(q.e) > 4096 {
+			t.Fatalf("drained: queue %d still holds a %d-entry array", i, cap(q.e))
+		}
 	}
 }

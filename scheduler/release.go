@@ -1,0 +1,209 @@
+package scheduler
+
+import (
+	"context"
+	"time"
+
+	"github.com/delayproxy/delayproxy/store"
+)
+
+// The release pipeline. The loop takes due keys from the wheel (dispatch)
+// and two goroutines carry each batch to RabbitMQ and back, in dispatch
+// order:
+//
+//	loop ──batch keys──▶ publishLoop ──published──▶ confirmLoop
+//	  ▲                  (Get, Publish)             (wait confirms)
+//	  └──────────────────results──────────────────────────┘
+//
+// publishLoop reads each batch from the store, skips keys that are gone
+// (cancelled), collects stale ones (exchange deleted or re-created: deleted,
+// never released) and hands the rest to the Releaser; confirmLoop awaits the
+// confirms. A plain (not pipelined) Releaser gets one goroutine per Release
+// call, at most MaxInFlight/BatchSize at once. The loop then queues
+// confirmed and stale keys for their delete (delete.go) and puts
+// unconfirmed ones back into the wheel.
+
+// releaseResult is what the pipeline reports to the loop for one batch.
+type releaseResult struct {
+	del   []store.Key // confirmed or stale: delete them
+	retry []store.Key // not confirmed: back into the wheel
+	gone  []store.Key // no longer in the store (cancelled)
+	n     int         // messages the batch held
+	err   error       // reading the store failed; every key is in retry
+}
+
+// dispatch hands due keys to the release pipeline while limits allow: at
+// most BatchSize per batch, MaxInFlight in flight, and within Rate (a token
+// bucket holding 100 ms of the rate).
+func (s *Scheduler) dispatch(now time.Time) {
+	if now.Before(s.holdUntil) {
+		return
+	}
+	nowMs := now.UnixMilli()
+	for s.canDispatch() {
+		n := min(s.opts.BatchSize, s.opts.MaxInFlight-s.inflight)
+		if s.opts.Rate > 0 {
+			s.refill(now)
+			n = min(n, int(s.tokens))
+			if n == 0 {
+				return
+			}
+		}
+		batch := s.w.ExpireN(nowMs, nil, n)
+		if len(batch) == 0 {
+			return
+		}
+		if s.opts.Rate > 0 {
+			s.tokens -= float64(len(batch))
+		}
+		for _, k := range batch {
+			s.outstanding[k] = struct{}{}
+		}
+		s.inflight += len(batch)
+		s.calls++
+		s.jobs <- batch // never blocks: it holds maxCalls
+	}
+}
+
+// canDispatch reports whether the in-flight limits allow another batch. A
+// backlog of deletes also holds release back, so it cannot grow unbounded.
+func (s *Scheduler) canDispatch() bool {
+	return s.calls < s.maxCalls && s.inflight < s.opts.MaxInFlight && len(s.toDelete) < 4*s.opts.MaxInFlight
+}
+
+// burst is the rate limiter's bucket size: 100 ms of the rate, within
+// [1, BatchSize].
+func (s *Scheduler) burst() float64 {
+	return min(max(s.opts.Rate/10, 1), float64(s.opts.BatchSize))
+}
+
+func (s *Scheduler) refill(now time.Time) {
+	if d := now.Sub(s.tokensAt); d > 0 {
+		s.tokens = min(s.tokens+d.Seconds()*s.opts.Rate, s.burst())
+	}
+	s.tokensAt = now
+}
+
+// publishLoop is the release pipeline's first stage, one goroutine: it
+// takes dispatched batches in dispatch order, reads them from the store,
+// drops what is gone or stale and hands the rest to the Releaser. It does
+// not wait for confirms (confirmLoop does), so batches go out one after
+// another, in order, with one hand-off between the loop and the wire.
+func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan []store.Key, waits chan<- published) {
+	defer close(waits)
+	publish := s.publishFunc()
+	for keys := range jobs {
+		res := releaseResult{n: len(keys)}
+		msgs, err := s.st.Get(keys)
+		if err != nil {
+			res.err, res.retry = err, keys
+			s.results <- res
+			continue
+		}
+		live := make([]*store.Message, 0, len(msgs))
+		for i, m := range msgs {
+			switch {
+			case m == nil:
+				res.gone = append(res.gone, keys[i])
+			case s.st.Stale(m):
+				res.del = append(res.del, keys[i])
+			default:
+				live = append(live, m)
+			}
+		}
+		if len(live) == 0 {
+			s.results <- res
+			continue
+		}
+		wait := publish(ctx, live)
+		// A PipelinedReleaser has written the batch by now; a plain
+		// Releaser has only been started.
+		waits <- published{res: res, live: live, at: s.clock.Now(), wait: wait}
+	}
+}
+
+// published is a batch handed to the Releaser, awaiting its confirms.
+type published struct {
+	res  releaseResult
+	live []*store.Message
+	at   time.Time // when Publish returned
+	wait func() (confirmed []bool)
+}
+
+// confirmLoop is the release pipeline's second stage, one goroutine: it
+// awaits the confirms of each published batch, in order, counts them and
+// reports the result to the loop.
+func (s *Scheduler) confirmLoop(waits <-chan published) {
+	for p := range waits {
+		confirmed := p.wait()
+		res := p.res
+		released := 0
+		for i, m := range p.live {
+			if i < len(confirmed) && confirmed[i] {
+				res.del = append(res.del, m.Key)
+				released++
+				if s.opts.Metrics != nil {
+					s.opts.Metrics.ReleaseLateness(p.at.Sub(time.UnixMilli(m.Key.Due())))
+				}
+			} else {
+				res.retry = append(res.retry, m.Key)
+			}
+		}
+		if released > 0 && s.opts.Metrics != nil {
+			s.opts.Metrics.Released(released)
+		}
+		s.results <- res
+	}
+}
+
+// publishFunc is how publishLoop hands a batch over: a PipelinedReleaser's
+// Publish, or a plain Release call started in a goroutine of its own, so
+// that up to MaxInFlight/BatchSize calls overlap and start in order.
+func (s *Scheduler) publishFunc() func(ctx context.Context, batch []*store.Message) (wait func() []bool) {
+	if pr, ok := s.r.(PipelinedReleaser); ok {
+		return pr.Publish
+	}
+	return func(ctx context.Context, batch []*store.Message) func() []bool {
+		done := make(chan []bool, 1)
+		s.wg.Go(func() { done <- s.r.Release(ctx, batch) })
+		return func() []bool { return <-done }
+	}
+}
+
+// finish takes a batch's result in the loop. Keys not confirmed go back into
+// the wheel, among the due ones and first of their priority, and all
+// releases pause for the retry backoff (doubling from RetryBackoffMin to
+// RetryBackoffMax, reset by a confirmed release), so later messages of
+// their priority do not overtake them; confirmed messages of the same batch
+// are not withdrawn.
+func (s *Scheduler) finish(res releaseResult) {
+	s.inflight -= res.n
+	s.calls--
+	for _, k := range res.gone {
+		delete(s.outstanding, k)
+	}
+	s.queueDelete(res.del)
+	if res.err != nil {
+		s.storeError("get", res.err)
+	}
+	if len(res.retry) == 0 {
+		if len(res.del) > 0 {
+			s.backoff = s.opts.RetryBackoffMin
+		}
+		return
+	}
+	// Back into the wheel, ahead of everything due later, and hold all
+	// releases for the backoff so order is kept.
+	for _, k := range res.retry {
+		delete(s.outstanding, k)
+		s.addKey(k)
+	}
+	if s.stopping {
+		return // cut short by shutdown: they stay stored for the next run
+	}
+	s.holdUntil = s.clock.Now().Add(s.backoff)
+	if res.err == nil {
+		s.log.Warn("scheduler: releases not confirmed, retrying", "messages", len(res.retry), "backoff", s.backoff)
+	}
+	s.backoff = min(2*s.backoff, s.opts.RetryBackoffMax)
+}
