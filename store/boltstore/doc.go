@@ -146,4 +146,4 @@
 // freelist at every commit, which grows with free pages once a backlog has
 // drained. InitialMmapSize defaults to 1 GiB so the file grows without
 // remapping under readers.
-package store
+package boltstore
