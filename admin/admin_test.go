@@ -18,6 +18,7 @@ import (
 
 	"github.com/delayproxy/delayproxy/metrics"
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 	"go.uber.org/goleak"
 )
 
@@ -27,7 +28,7 @@ const testToken = "test-token-0123456789"
 
 // fixture is a server over a real store in a temp dir.
 type fixture struct {
-	st   *store.Store
+	st   *boltstore.Store
 	m    *metrics.Metrics
 	srv  *Server
 	http *httptest.Server
@@ -40,9 +41,9 @@ type fixture struct {
 func newFixture(t *testing.T, token string, ready func(context.Context) error) *fixture {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "delayproxy.db")
-	st, err := store.Open(path, store.Options{NoSync: true})
+	st, err := boltstore.Open(path, boltstore.Options{NoSync: true})
 	if err != nil {
-		t.Fatalf("store.Open: %v", err)
+		t.Fatalf("boltstore.Open: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := st.Check(); err != nil {
@@ -533,11 +534,11 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
-func openStore(t *testing.T) *store.Store {
+func openStore(t *testing.T) *boltstore.Store {
 	t.Helper()
-	st, err := store.Open(filepath.Join(t.TempDir(), "delayproxy.db"), store.Options{NoSync: true})
+	st, err := boltstore.Open(filepath.Join(t.TempDir(), "delayproxy.db"), boltstore.Options{NoSync: true})
 	if err != nil {
-		t.Fatalf("store.Open: %v", err)
+		t.Fatalf("boltstore.Open: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := st.Check(); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 )
@@ -170,12 +171,12 @@ func TestLint(t *testing.T) {
 }
 
 // openStore opens a real store in a temp dir, checked and closed at cleanup.
-func openStore(t *testing.T) (*store.Store, string) {
+func openStore(t *testing.T) (*boltstore.Store, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "delayproxy.db")
-	s, err := store.Open(path, store.Options{NoSync: true})
+	s, err := boltstore.Open(path, boltstore.Options{NoSync: true})
 	if err != nil {
-		t.Fatalf("store.Open: %v", err)
+		t.Fatalf("boltstore.Open: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := s.Check(); err != nil {

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -117,7 +118,7 @@ type snapshot struct {
 type harness struct {
 	t       *testing.T
 	path    string
-	st      *store.Store
+	st      *boltstore.Store
 	backend Store // when set, the scheduler's view of st
 	clk     *ManualClock
 	rel     *recorder
@@ -149,7 +150,7 @@ func newHarness(t *testing.T, opts Options) *harness {
 // open opens the store and registers its integrity check and close.
 func (h *harness) open() {
 	h.t.Helper()
-	st, err := store.Open(h.path, store.Options{NoSync: true})
+	st, err := boltstore.Open(h.path, boltstore.Options{NoSync: true})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -392,7 +393,7 @@ func TestRestartDrainsOverdueOldestFirst(t *testing.T) {
 
 // scanLog is the real store, recording the ranges the loader asks for.
 type scanLog struct {
-	*store.Store
+	*boltstore.Store
 	mu     sync.Mutex // guards ranges
 	ranges [][2]int64
 }
@@ -888,7 +889,7 @@ func TestPipelinedReleaserKeepsOrderWithBatchesInFlight(t *testing.T) {
 // failingDeletes is the real store whose first Delete calls fail, as on a
 // full disk.
 type failingDeletes struct {
-	*store.Store
+	*boltstore.Store
 	mu    sync.Mutex // guards fails
 	fails int        // Delete calls still to fail
 }

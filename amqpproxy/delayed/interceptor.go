@@ -23,7 +23,7 @@ type Scheduler interface {
 
 // Config configures an Interceptor.
 type Config struct {
-	Store     *store.Store
+	Store     store.Store
 	Scheduler Scheduler
 	// MaxDelay refuses larger x-delay values with 406; 0 means no limit.
 	MaxDelay time.Duration

@@ -20,6 +20,7 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 )
 
 // nopScheduler is the Scheduler of a proxy that never releases: these
@@ -34,7 +35,7 @@ func (nopScheduler) Cancelled(...store.Key)  {}
 type relay struct {
 	srv    *amqpproxy.Server
 	icpt   *delayed.Interceptor
-	st     *store.Store
+	st     *boltstore.Store
 	url    string // the proxy's URL with the broker's credentials
 	served chan error
 	once   sync.Once
@@ -43,7 +44,7 @@ type relay struct {
 // startRelay starts a relay; it is closed in t.Cleanup (see relay.close).
 func startRelay(t *testing.T) *relay {
 	t.Helper()
-	st, err := store.Open(filepath.Join(t.TempDir(), "delayed.db"), store.Options{})
+	st, err := boltstore.Open(filepath.Join(t.TempDir(), "delayed.db"), boltstore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

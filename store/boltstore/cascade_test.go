@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/delayproxy/delayproxy/store"
 )
 
 // TestCascadeLikeAScheduler walks a horizon over three hours the way the
@@ -33,7 +35,7 @@ func TestCascadeLikeAScheduler(t *testing.T) {
 			h.s.passMax = tc.passMax
 			h.exchange("/", "x")
 			r := rand.New(rand.NewPCG(7, 8))
-			want := map[Key]bool{}
+			want := map[store.Key]bool{}
 			put := func(due int64) {
 				m := msg("x", due, uint8(r.IntN(3)), "")
 				if r.IntN(4) == 0 {
@@ -49,11 +51,11 @@ func TestCascadeLikeAScheduler(t *testing.T) {
 			for range 120 { // one slot fuller than a pass
 				put(base + 2*3600_000 + 500)
 			}
-			var seen []Key
+			var seen []store.Key
 			const window = 7 * 60_000
 			for now := base; now < base+span+window; now += window {
-				var got []Key
-				if err := h.s.ScanKeys(now, now+window, func(k Key) error { got = append(got, k); return nil }); err != nil {
+				var got []store.Key
+				if err := h.s.ScanKeys(now, now+window, func(k store.Key) error { got = append(got, k); return nil }); err != nil {
 					t.Fatal(err)
 				}
 				for _, k := range got {
@@ -82,7 +84,7 @@ func TestCascadeLikeAScheduler(t *testing.T) {
 					t.Fatalf("key %x due %d never returned", k[:], k.Due())
 				}
 			}
-			if !slices.IsSortedFunc(seen, CompareKeys) {
+			if !slices.IsSortedFunc(seen, store.CompareKeys) {
 				t.Fatal("keys not returned in release order across windows")
 			}
 			st := h.s.Stats()
@@ -138,7 +140,7 @@ func TestListAndCounts(t *testing.T) {
 	h.exchange("/", "y")
 	h.exchange("/", "idle")
 	r := rand.New(rand.NewPCG(3, 4))
-	var stale []*Message
+	var stale []*store.Message
 	for range 30 {
 		stale = append(stale, msg("x", base+r.Int64N(6*3600_000), 0, "stale"))
 	}
@@ -147,7 +149,7 @@ func TestListAndCounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.keys(0, base+3600_000) // some in slots, the rest in far buckets
-	var xs, ys []*Message
+	var xs, ys []*store.Message
 	for i := range 40 {
 		m := msg("x", base+r.Int64N(6*3600_000), uint8(r.IntN(2)), fmt.Sprint(i))
 		xs = append(xs, m)
@@ -155,11 +157,11 @@ func TestListAndCounts(t *testing.T) {
 	}
 	h.put(xs...)
 	h.put(ys...)
-	slices.SortFunc(xs, func(a, b *Message) int { return CompareKeys(a.Key, b.Key) })
+	slices.SortFunc(xs, func(a, b *store.Message) int { return store.CompareKeys(a.Key, b.Key) })
 
 	for _, limit := range []int{1, 3, 7, 40, 1000} {
-		var got []*Message
-		var after Key
+		var got []*store.Message
+		var after store.Key
 		for pages := 0; ; pages++ {
 			page, err := h.s.List("/", "x", after, limit, pages%2 == 0)
 			if err != nil {
@@ -188,14 +190,14 @@ func TestListAndCounts(t *testing.T) {
 			}
 		}
 	}
-	if _, err := h.s.List("/", "nope", Key{}, 10, false); !errors.Is(err, ErrUnknownExchange) {
+	if _, err := h.s.List("/", "nope", store.Key{}, 10, false); !errors.Is(err, store.ErrUnknownExchange) {
 		t.Fatalf("List of an unknown exchange: %v", err)
 	}
 
-	minDue := func(ms []*Message) int64 {
-		return slices.MinFunc(ms, func(a, b *Message) int { return CompareKeys(a.Key, b.Key) }).Due
+	minDue := func(ms []*store.Message) int64 {
+		return slices.MinFunc(ms, func(a, b *store.Message) int { return store.CompareKeys(a.Key, b.Key) }).Due
 	}
-	want := []ExchangeCount{
+	want := []store.ExchangeCount{
 		{VHost: "/", Exchange: "idle"},
 		{VHost: "/", Exchange: "x", Pending: 40, NextDue: minDue(xs)},
 		{VHost: "/", Exchange: "y", Pending: 40, NextDue: minDue(ys)},
@@ -204,7 +206,7 @@ func TestListAndCounts(t *testing.T) {
 		t.Fatalf("Counts = %+v\nwant %+v", got, want)
 	}
 	// Only far messages left for y: NextDue comes from the far scan.
-	var early []Key
+	var early []store.Key
 	for _, m := range ys {
 		if m.Due < base+3600_000+60_000 {
 			early = append(early, m.Key)
@@ -213,7 +215,7 @@ func TestListAndCounts(t *testing.T) {
 	if err := h.s.Delete(ctx, early...); err != nil {
 		t.Fatal(err)
 	}
-	var rest []*Message
+	var rest []*store.Message
 	for _, m := range ys {
 		if m.Due >= base+3600_000+60_000 {
 			rest = append(rest, m)
@@ -235,7 +237,7 @@ func TestConcurrentUse(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 32)
 	report := func(err error) {
-		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, ErrUnknownExchange) {
+		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, store.ErrUnknownExchange) {
 			select {
 			case errs <- err:
 			default:
@@ -259,8 +261,8 @@ func TestConcurrentUse(t *testing.T) {
 	go func() { // the scheduler
 		defer wg.Done()
 		for now := base; now < base+4*3600_000 && ctx.Err() == nil; now += 10 * 60_000 {
-			var keys []Key
-			report(h.s.ScanKeys(now, now+10*60_000, func(k Key) error { keys = append(keys, k); return nil }))
+			var keys []store.Key
+			report(h.s.ScanKeys(now, now+10*60_000, func(k store.Key) error { keys = append(keys, k); return nil }))
 			ms, err := h.s.Get(keys)
 			report(err)
 			for _, m := range ms {
@@ -279,7 +281,7 @@ func TestConcurrentUse(t *testing.T) {
 		for i := 0; i < 50 && ctx.Err() == nil; i++ {
 			_, err := h.s.Cancel(ctx, "/", "x", fmt.Sprint(r.IntN(20)))
 			report(err)
-			_, err = h.s.List("/", "y", Key{}, 20, false)
+			_, err = h.s.List("/", "y", store.Key{}, 20, false)
 			report(err)
 			h.s.Counts()
 			h.s.Pending()
@@ -290,7 +292,7 @@ func TestConcurrentUse(t *testing.T) {
 			if i == 25 {
 				_, err = h.s.DeleteExchange(ctx, "/", "x")
 				report(err)
-				d := ExchangeDef{VHost: "/", Name: "x", DelayedType: "topic"}
+				d := store.ExchangeDef{VHost: "/", Name: "x", DelayedType: "topic"}
 				report(h.s.PutExchange(ctx, &d))
 			}
 		}
@@ -304,7 +306,7 @@ func TestConcurrentUse(t *testing.T) {
 }
 
 func FuzzDecodeMessage(f *testing.F) {
-	for _, m := range []*Message{
+	for _, m := range []*store.Message{
 		msg("x", base, 3, "body"),
 		{VHost: "v", Exchange: "e", MessageID: "id", Mandatory: true, Delay: -5, Incarnation: 9},
 		{},
@@ -313,7 +315,7 @@ func FuzzDecodeMessage(f *testing.F) {
 	}
 	f.Add([]byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff})
 	f.Fuzz(func(t *testing.T, v []byte) {
-		k := MakeKey(base, 1, 2)
+		k := store.MakeKey(base, 1, 2)
 		m, err := decodeMessage(k, v, true)
 		if err != nil {
 			return
@@ -331,7 +333,7 @@ func FuzzDecodeMessage(f *testing.F) {
 }
 
 func FuzzDecodeExchange(f *testing.F) {
-	d := ExchangeDef{VHost: "/", Name: "x", DelayedType: "topic", Durable: true, Arguments: []byte{0, 0, 0, 1, 2}, Incarnation: 4}
+	d := store.ExchangeDef{VHost: "/", Name: "x", DelayedType: "topic", Durable: true, Arguments: []byte{0, 0, 0, 1, 2}, Incarnation: 4}
 	f.Add(exchangeKey(d.VHost, d.Name), encodeExchange(&d))
 	f.Add([]byte{}, []byte{})
 	f.Fuzz(func(t *testing.T, k, v []byte) {
@@ -365,13 +367,13 @@ func TestCascadeWritesDuringScan(t *testing.T) {
 	scanning, release := make(chan struct{}), make(chan struct{})
 	h.s.scanHook = func() { close(scanning); <-release }
 	type result struct {
-		keys []Key
+		keys []store.Key
 		err  error
 	}
 	done := make(chan result)
 	go func() {
-		var keys []Key
-		err := h.s.ScanKeys(start, start+6*hour, func(k Key) error { keys = append(keys, k); return nil })
+		var keys []store.Key
+		err := h.s.ScanKeys(start, start+6*hour, func(k store.Key) error { keys = append(keys, k); return nil })
 		done <- result{keys, err}
 	}()
 	<-scanning
@@ -392,7 +394,7 @@ func TestCascadeWritesDuringScan(t *testing.T) {
 	if got, want := bodies(t, h.s, res.keys), []string{"gap", "before", "late"}; !slices.Equal(got, want) {
 		t.Fatalf("scanned %q, want %q", got, want)
 	}
-	if got := bodies(t, h.s, []Key{beyond.Key, doomed.Key}); !slices.Equal(got, []string{"beyond", "<nil>"}) {
+	if got := bodies(t, h.s, []store.Key{beyond.Key, doomed.Key}); !slices.Equal(got, []string{"beyond", "<nil>"}) {
 		t.Fatalf("beyond/doomed: %q", got)
 	}
 	if p := h.s.Pending(); p != 4 {
@@ -408,9 +410,9 @@ func TestScanBusySlotInChunks(t *testing.T) {
 	h.exchange("/", "x")
 	h.keys(0, base) // slots from here on
 	r := rand.New(rand.NewPCG(5, 6))
-	var want []Key
+	var want []store.Key
 	for range 10 {
-		var batch []*Message
+		var batch []*store.Message
 		for range 500 {
 			m := msg("x", base-2000+r.Int64N(3)*400, uint8(r.IntN(4)), "")
 			batch = append(batch, m)
@@ -420,19 +422,19 @@ func TestScanBusySlotInChunks(t *testing.T) {
 			want = append(want, m.Key)
 		}
 	}
-	slices.SortFunc(want, CompareKeys)
-	var got []Key
-	var last Key
+	slices.SortFunc(want, store.CompareKeys)
+	var got []store.Key
+	var last store.Key
 	for {
 		n := 0
-		err := h.s.ScanKeys(last.Due(), base, func(k Key) error {
-			if len(got) > 0 && CompareKeys(k, last) <= 0 {
+		err := h.s.ScanKeys(last.Due(), base, func(k store.Key) error {
+			if len(got) > 0 && store.CompareKeys(k, last) <= 0 {
 				return nil
 			}
 			got = append(got, k)
 			last = k
 			if n++; n == 97 {
-				return ErrStop
+				return store.ErrStop
 			}
 			return nil
 		})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 
+	"github.com/delayproxy/delayproxy/store"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -51,7 +52,7 @@ func (s *Store) check() error {
 		ids := tx.Bucket(bucketIDs)
 		counted := map[uint64]int64{}
 		withID := 0
-		message := func(where string, k Key, v []byte) {
+		message := func(where string, k store.Key, v []byte) {
 			mv, err := viewMessage(v)
 			if err != nil {
 				add("%s key %x: %v", where, k[:], err)
@@ -81,7 +82,7 @@ func (s *Store) check() error {
 			rb := released.Bucket(sk)
 			n := 0
 			err := slots.Bucket(sk).ForEach(func(f, v []byte) error {
-				if len(f) != KeySize {
+				if len(f) != store.KeySize {
 					add("slot %d: key %x of %d bytes", idx, f, len(f))
 					return nil
 				}
@@ -116,7 +117,7 @@ func (s *Store) check() error {
 				return nil
 			}
 			return released.Bucket(sk).ForEach(func(k, _ []byte) error {
-				if len(k) != KeySize || bk.Get(storedKey(Key(k))) == nil {
+				if len(k) != store.KeySize || bk.Get(storedKey(store.Key(k))) == nil {
 					add("released bucket %d: key %x is not in its slot", idx, k)
 				}
 				return nil
@@ -131,7 +132,7 @@ func (s *Store) check() error {
 				add("far bucket %d lies behind the watermark %d", idx, w)
 			}
 			return far.Bucket(fk).ForEach(func(f, v []byte) error {
-				if len(f) != KeySize {
+				if len(f) != store.KeySize {
 					add("far bucket %d: key %x of %d bytes", idx, f, len(f))
 					return nil
 				}
@@ -152,11 +153,11 @@ func (s *Store) check() error {
 			nids++
 			r := reader{b: k}
 			vhost, exchange, id := r.bytes(), r.bytes(), r.bytes()
-			if r.err != nil || len(r.b) != KeySize {
+			if r.err != nil || len(r.b) != store.KeySize {
 				add("ids key %x malformed", k)
 				return nil
 			}
-			v := s.lookup(tx, w, Key(r.b))
+			v := s.lookup(tx, w, store.Key(r.b))
 			mv, err := viewMessage(v)
 			if v == nil || err != nil || !bytes.Equal(mv.vhost, vhost) || !bytes.Equal(mv.exchange, exchange) || !bytes.Equal(mv.messageID, id) {
 				add("ids entry %x does not match a stored message", k)
@@ -191,7 +192,7 @@ func (s *Store) check() error {
 		if live != s.live || stale != s.stale {
 			add("totals: stored live %d stale %d, memory live %d stale %d", live, stale, s.live, s.stale)
 		}
-		registry := map[exKey]ExchangeDef{}
+		registry := map[exKey]store.ExchangeDef{}
 		seen := map[uint64]bool{}
 		if err := tx.Bucket(bucketExchanges).ForEach(func(k, v []byte) error {
 			d, err := decodeExchange(k, v)
@@ -222,7 +223,7 @@ func (s *Store) check() error {
 	return nil
 }
 
-func equalDef(a, b ExchangeDef) bool {
+func equalDef(a, b store.ExchangeDef) bool {
 	return a.VHost == b.VHost && a.Name == b.Name && a.DelayedType == b.DelayedType &&
 		a.Durable == b.Durable && a.AutoDelete == b.AutoDelete && a.Internal == b.Internal &&
 		bytes.Equal(a.Arguments, b.Arguments) && a.Incarnation == b.Incarnation

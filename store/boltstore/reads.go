@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/delayproxy/delayproxy/store"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -23,8 +24,8 @@ const (
 
 // Get reads messages by key in one read transaction. The result has one
 // entry per key, nil for a key that is not stored.
-func (s *Store) Get(keys []Key) ([]*Message, error) {
-	out := make([]*Message, len(keys))
+func (s *Store) Get(keys []store.Key) ([]*store.Message, error) {
+	out := make([]*store.Message, len(keys))
 	err := s.view(func(tx *bolt.Tx) error {
 		w := readWatermark(tx)
 		for i, k := range keys {
@@ -47,7 +48,7 @@ func (s *Store) Get(keys []Key) ([]*Message, error) {
 }
 
 // lookup finds the stored value of k in tx (nil if absent or released).
-func (s *Store) lookup(tx *bolt.Tx, w int64, k Key) []byte {
+func (s *Store) lookup(tx *bolt.Tx, w int64, k store.Key) []byte {
 	due := k.Due()
 	if due < w {
 		sk := s.slotKey(due)
@@ -75,9 +76,9 @@ func (s *Store) lookup(tx *bolt.Tx, w int64, k Key) []byte {
 // far-future ranges; List serves the admin API without moving anything. fn
 // runs inside a read transaction: it must not wait for a Put, Delete or
 // other write of this store.
-func (s *Store) Scan(from, until int64, fn func(*Message) error) error {
+func (s *Store) Scan(from, until int64, fn func(*store.Message) error) error {
 	return s.scanRange(from, until, func(k, v []byte) error {
-		m, err := decodeMessage(Key(k), v, true)
+		m, err := decodeMessage(store.Key(k), v, true)
 		if err != nil {
 			return fmt.Errorf("key %x: %w", k, err)
 		}
@@ -86,8 +87,8 @@ func (s *Store) Scan(from, until int64, fn func(*Message) error) error {
 }
 
 // ScanKeys is Scan without decoding values: the cheap way to load the wheel.
-func (s *Store) ScanKeys(from, until int64, fn func(Key) error) error {
-	return s.scanRange(from, until, func(k, _ []byte) error { return fn(Key(k)) })
+func (s *Store) ScanKeys(from, until int64, fn func(store.Key) error) error {
+	return s.scanRange(from, until, func(k, _ []byte) error { return fn(store.Key(k)) })
 }
 
 func (s *Store) scanRange(from, until int64, fn func(k, v []byte) error) error {
@@ -101,7 +102,7 @@ func (s *Store) scanRange(from, until int64, fn func(k, v []byte) error) error {
 	}
 	return s.view(func(tx *bolt.Tx) error {
 		err := s.scanSlots(tx, from, until, fn)
-		if errors.Is(err, ErrStop) {
+		if errors.Is(err, store.ErrStop) {
 			return nil
 		}
 		return err
@@ -125,7 +126,7 @@ func (s *Store) cascadeTo(until int64) error {
 
 // slotEntry is one message of a slot, sorted in memory.
 type slotEntry struct {
-	k Key
+	k store.Key
 	v []byte
 }
 
@@ -202,10 +203,10 @@ func (h slotHeap) down(i int) {
 			return
 		}
 		m := l
-		if r := l + 1; r < len(h) && CompareKeys(h[r].k, h[l].k) < 0 {
+		if r := l + 1; r < len(h) && store.CompareKeys(h[r].k, h[l].k) < 0 {
 			m = r
 		}
-		if CompareKeys(h[m].k, h[i].k) >= 0 {
+		if store.CompareKeys(h[m].k, h[i].k) >= 0 {
 			return
 		}
 		h[i], h[m] = h[m], h[i]
@@ -242,18 +243,18 @@ func (s *Store) NextDue() (int64, bool) {
 // messages, whichever is first: exchanges not reached keep NextDue 0. The
 // scan's cost grows with the number of messages due before the last
 // exchange's earliest one.
-func (s *Store) Counts() []ExchangeCount {
+func (s *Store) Counts() []store.ExchangeCount {
 	s.mu.RLock()
-	out := make([]ExchangeCount, 0, len(s.exchanges))
+	out := make([]store.ExchangeCount, 0, len(s.exchanges))
 	for _, d := range s.exchanges {
-		out = append(out, ExchangeCount{VHost: d.VHost, Exchange: d.Name, Pending: s.counts[d.Incarnation]})
+		out = append(out, store.ExchangeCount{VHost: d.VHost, Exchange: d.Name, Pending: s.counts[d.Incarnation]})
 	}
 	incs := make(map[uint64]exKey, len(s.liveInc))
 	for inc, k := range s.liveInc {
 		incs[inc] = k
 	}
 	s.mu.RUnlock()
-	slices.SortFunc(out, func(a, b ExchangeCount) int {
+	slices.SortFunc(out, func(a, b store.ExchangeCount) int {
 		if c := strings.Compare(a.VHost, b.VHost); c != 0 {
 			return c
 		}
@@ -261,7 +262,7 @@ func (s *Store) Counts() []ExchangeCount {
 	})
 	want := make(map[uint64]int)
 	for inc, k := range incs {
-		i, _ := slices.BinarySearchFunc(out, k, func(c ExchangeCount, k exKey) int {
+		i, _ := slices.BinarySearchFunc(out, k, func(c store.ExchangeCount, k exKey) int {
 			if x := strings.Compare(c.VHost, k.vhost); x != 0 {
 				return x
 			}
@@ -279,11 +280,11 @@ func (s *Store) Counts() []ExchangeCount {
 		w := readWatermark(tx)
 		_ = s.scanSlots(tx, 0, w, func(k, v []byte) error {
 			if i, ok := want[peekIncarnation(v)]; ok {
-				out[i].NextDue = Key(k).Due()
+				out[i].NextDue = store.Key(k).Due()
 				delete(want, peekIncarnation(v))
 			}
 			if budget--; budget <= 0 || len(want) == 0 {
-				return ErrStop
+				return store.ErrStop
 			}
 			return nil
 		})
@@ -324,10 +325,10 @@ func (s *Store) Counts() []ExchangeCount {
 // so a page costs the number of messages (of any exchange) between after
 // and the last one returned; beyond the watermark each far bucket reached is
 // scanned whole, keeping only the next limit keys in a heap.
-func (s *Store) List(vhost, exchange string, after Key, limit int, withBody bool) ([]*Message, error) {
+func (s *Store) List(vhost, exchange string, after store.Key, limit int, withBody bool) ([]*store.Message, error) {
 	d, ok := s.Exchange(vhost, exchange)
 	if !ok {
-		return nil, fmt.Errorf("%w: %q in vhost %q", ErrUnknownExchange, exchange, vhost)
+		return nil, fmt.Errorf("%w: %q in vhost %q", store.ErrUnknownExchange, exchange, vhost)
 	}
 	if limit <= 0 {
 		limit = defaultListLimit
@@ -337,7 +338,7 @@ func (s *Store) List(vhost, exchange string, after Key, limit int, withBody bool
 	match := func(k, v []byte) bool {
 		return len(v) >= msgHeaderSize && bytes.Equal(v[2:10], inc) && bytes.Compare(k, after[:]) > 0
 	}
-	var out []*Message
+	var out []*store.Message
 	err := s.view(func(tx *bolt.Tx) error {
 		w := readWatermark(tx)
 		from := after.Due()
@@ -345,16 +346,16 @@ func (s *Store) List(vhost, exchange string, after Key, limit int, withBody bool
 			if !match(k, v) {
 				return nil
 			}
-			m, err := decodeMessage(Key(k), v, withBody)
+			m, err := decodeMessage(store.Key(k), v, withBody)
 			if err != nil {
 				return err
 			}
 			if out = append(out, m); len(out) == limit {
-				return ErrStop
+				return store.ErrStop
 			}
 			return nil
 		})
-		if err != nil && !errors.Is(err, ErrStop) {
+		if err != nil && !errors.Is(err, store.ErrStop) {
 			return err
 		}
 		far := tx.Bucket(bucketFar)
@@ -369,7 +370,7 @@ func (s *Store) List(vhost, exchange string, after Key, limit int, withBody bool
 					continue
 				}
 				k := keyFromStored(fkey)
-				if !match(k[:], v) || (h.Len() == need && CompareKeys(k, (*h)[0]) > 0) {
+				if !match(k[:], v) || (h.Len() == need && store.CompareKeys(k, (*h)[0]) > 0) {
 					continue
 				}
 				heap.Push(h, k)
@@ -377,8 +378,8 @@ func (s *Store) List(vhost, exchange string, after Key, limit int, withBody bool
 					heap.Pop(h)
 				}
 			}
-			keys := []Key(*h)
-			slices.SortFunc(keys, CompareKeys)
+			keys := []store.Key(*h)
+			slices.SortFunc(keys, store.CompareKeys)
 			for _, k := range keys {
 				m, err := decodeMessage(k, fb.Get(storedKey(k)), withBody)
 				if err != nil {

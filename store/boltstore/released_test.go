@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy/store"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -43,7 +44,7 @@ func TestReleaseMarksInSlot(t *testing.T) {
 	h.keys(0, base) // watermark past base: these land in one slot
 	idx := (base - 5000) / 1000
 	r := rand.New(rand.NewPCG(3, 4))
-	var msgs []*Message
+	var msgs []*store.Message
 	for i := range n {
 		m := msg("x", idx*1000+r.Int64N(1000), uint8(r.IntN(10)), fmt.Sprint(i))
 		m.Body = fmt.Appendf(nil, "%-200d", i) // the slot spans over 100 pages
@@ -53,11 +54,11 @@ func TestReleaseMarksInSlot(t *testing.T) {
 		msgs = append(msgs, m)
 	}
 	h.put(msgs...)
-	keys := make([]Key, n)
+	keys := make([]store.Key, n)
 	for i, m := range msgs {
 		keys[i] = m.Key
 	}
-	slices.SortFunc(keys, CompareKeys) // release order: spread over the slot's pages
+	slices.SortFunc(keys, store.CompareKeys) // release order: spread over the slot's pages
 	ctx := context.Background()
 
 	before := h.s.Stats()
@@ -99,7 +100,7 @@ func TestReleaseMarksInSlot(t *testing.T) {
 		if due, ok := h.s.NextDue(); !ok || due != keys[len(released)].Due() {
 			t.Fatalf("%s: NextDue %d %v, want %d", when, due, ok, keys[len(released)].Due())
 		}
-		page, err := h.s.List("/", "x", Key{}, 1, false)
+		page, err := h.s.List("/", "x", store.Key{}, 1, false)
 		if err != nil || len(page) != 1 || page[0].Key != keys[len(released)] {
 			t.Fatalf("%s: List first page %v %v, want key %x", when, page, err, keys[len(released)])
 		}
@@ -113,7 +114,7 @@ func TestReleaseMarksInSlot(t *testing.T) {
 	check("after reopening")
 
 	// A cancel marks too; releasing the rest drops the slot whole.
-	var victim *Message
+	var victim *store.Message
 	for _, m := range msgs {
 		if m.MessageID != "" && slices.Index(released, m.Key) < 0 {
 			victim = m
@@ -161,7 +162,7 @@ func TestOpenUpgradesSchema1(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got := bodies(t, h.s, []Key{k}); got[0] != "m" {
+	if got := bodies(t, h.s, []store.Key{k}); got[0] != "m" {
 		t.Fatalf("message after the upgrade: %q", got)
 	}
 	h.keys(0, base+1000)
@@ -178,18 +179,18 @@ func TestOpenUpgradesSchema1(t *testing.T) {
 func TestCheckFindsBadReleasedMarks(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		harm func(tx *bolt.Tx, idx []byte, k Key) error
+		harm func(tx *bolt.Tx, idx []byte, k store.Key) error
 		want string
 	}{
-		{"mark without a message", func(tx *bolt.Tx, idx []byte, k Key) error {
+		{"mark without a message", func(tx *bolt.Tx, idx []byte, k store.Key) error {
 			rb, err := tx.Bucket(bucketReleased).CreateBucketIfNotExists(idx)
 			if err != nil {
 				return err
 			}
-			other := MakeKey(k.Due(), 0, 999999)
+			other := store.MakeKey(k.Due(), 0, 999999)
 			return rb.Put(other[:], releasedMark)
 		}, "is not in its slot"},
-		{"slot of released messages only", func(tx *bolt.Tx, idx []byte, k Key) error {
+		{"slot of released messages only", func(tx *bolt.Tx, idx []byte, k store.Key) error {
 			rb, err := tx.Bucket(bucketReleased).CreateBucketIfNotExists(idx)
 			if err != nil {
 				return err
@@ -223,10 +224,10 @@ func TestReleaseMarksModel(t *testing.T) {
 	h.keys(0, base+500) // watermark past base+500: earlier dues go to slots
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(5, 6))
-	model := map[Key]bool{}
-	var all []Key
+	model := map[store.Key]bool{}
+	var all []store.Key
 	put := func(n int) {
-		var msgs []*Message
+		var msgs []*store.Message
 		for range n {
 			due := base + r.Int64N(400) // 40 slots
 			if r.IntN(10) == 0 {
@@ -245,11 +246,11 @@ func TestReleaseMarksModel(t *testing.T) {
 		}
 	}
 	del := func(n int) {
-		var keys []Key
+		var keys []store.Key
 		for range n {
 			k := all[r.IntN(len(all))] // pending, deleted before, or far
 			if r.IntN(20) == 0 {
-				k = MakeKey(base+r.Int64N(400), 0, 1<<40) // never stored
+				k = store.MakeKey(base+r.Int64N(400), 0, 1<<40) // never stored
 			}
 			keys = append(keys, k)
 		}
@@ -263,9 +264,9 @@ func TestReleaseMarksModel(t *testing.T) {
 	verify := func(step int) {
 		t.Helper()
 		want := slices.Collect(maps.Keys(model))
-		slices.SortFunc(want, CompareKeys)
+		slices.SortFunc(want, store.CompareKeys)
 		got := h.keys(0, base+500)
-		var wantSlots []Key
+		var wantSlots []store.Key
 		for _, k := range want {
 			if k.Due() < base+500 {
 				wantSlots = append(wantSlots, k)
@@ -308,7 +309,7 @@ func TestReleaseMarksModel(t *testing.T) {
 // fileWithMessage makes a closed store file holding one message of exchange
 // x, due at due; with the watermark moved to slotsBelow first, so that a due
 // before it lands in a slot.
-func fileWithMessage(t *testing.T, due, slotsBelow int64) (string, Key) {
+func fileWithMessage(t *testing.T, due, slotsBelow int64) (string, store.Key) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "x.db")
 	s, err := Open(path, Options{NoSync: true})
@@ -317,10 +318,10 @@ func fileWithMessage(t *testing.T, due, slotsBelow int64) (string, Key) {
 	}
 	defer s.Close()
 	ctx := context.Background()
-	if err := s.PutExchange(ctx, &ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}); err != nil {
+	if err := s.PutExchange(ctx, &store.ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ScanKeys(0, slotsBelow, func(Key) error { return nil }); err != nil {
+	if err := s.ScanKeys(0, slotsBelow, func(store.Key) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	m := msg("x", due, 0, "m")

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/delayproxy/delayproxy/store"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -84,7 +85,7 @@ type Store struct {
 	// writer goroutine changes it (under mu, after a successful commit), so
 	// the writer itself may read it without mu.
 	mu        sync.RWMutex
-	exchanges map[exKey]ExchangeDef
+	exchanges map[exKey]store.ExchangeDef
 	liveInc   map[uint64]exKey // incarnation -> exchange, live ones only
 	counts    map[uint64]int64 // stored messages per incarnation (absent: 0)
 	live      int64            // sum of counts of live incarnations
@@ -156,7 +157,7 @@ func Open(path string, opts Options) (*Store, error) {
 		passMax:   cascadePassMax,
 		reqs:      make(chan *request, requestQueue),
 		done:      make(chan struct{}),
-		exchanges: make(map[exKey]ExchangeDef),
+		exchanges: make(map[exKey]store.ExchangeDef),
 		liveInc:   make(map[uint64]exKey),
 		counts:    make(map[uint64]int64),
 
@@ -383,7 +384,7 @@ func (s *Store) Close() error {
 	s.closeMu.Lock()
 	if s.closed {
 		s.closeMu.Unlock()
-		return ErrClosed
+		return store.ErrClosed
 	}
 	s.closed = true
 	close(s.reqs)
@@ -411,11 +412,11 @@ func (s *Store) isClosed() bool {
 // view runs fn in a read transaction, mapping a closed database to ErrClosed.
 func (s *Store) view(fn func(*bolt.Tx) error) error {
 	if s.isClosed() {
-		return ErrClosed
+		return store.ErrClosed
 	}
 	err := s.db.View(fn)
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
-		return ErrClosed
+		return store.ErrClosed
 	}
 	return err
 }
@@ -428,7 +429,7 @@ func (s *Store) do(ctx context.Context, r *request) error {
 	s.closeMu.RLock()
 	if s.closed {
 		s.closeMu.RUnlock()
-		return ErrClosed
+		return store.ErrClosed
 	}
 	select {
 	case s.reqs <- r:
@@ -462,7 +463,7 @@ func (s *Store) do(ctx context.Context, r *request) error {
 // about durability: the messages may or may not be stored. Any other error
 // (unknown exchange, invalid message, disk full, I/O error, closed store)
 // means none of msgs was stored.
-func (s *Store) Put(ctx context.Context, msgs ...*Message) error {
+func (s *Store) Put(ctx context.Context, msgs ...*store.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -472,23 +473,23 @@ func (s *Store) Put(ctx context.Context, msgs ...*Message) error {
 		d, ok := s.exchanges[exKey{m.VHost, m.Exchange}]
 		if !ok {
 			s.mu.RUnlock()
-			return fmt.Errorf("%w: %q in vhost %q", ErrUnknownExchange, m.Exchange, m.VHost)
+			return fmt.Errorf("%w: %q in vhost %q", store.ErrUnknownExchange, m.Exchange, m.VHost)
 		}
 		items[i].inc = d.Incarnation
 	}
 	s.mu.RUnlock()
 	for _, m := range msgs {
 		if m.Due < 0 || m.Due >= maxDue {
-			return fmt.Errorf("%w: due time %d ms out of range", ErrInvalidMessage, m.Due)
+			return fmt.Errorf("%w: due time %d ms out of range", store.ErrInvalidMessage, m.Due)
 		}
 	}
 	seq := s.nextSeq.Add(uint64(len(msgs))) - uint64(len(msgs))
 	for i, m := range msgs {
 		m.Incarnation = items[i].inc
-		m.Key = MakeKey(m.Due, m.Priority, seq+uint64(i))
+		m.Key = store.MakeKey(m.Due, m.Priority, seq+uint64(i))
 		v := encodeMessage(m)
 		if int64(len(v)) > bolt.MaxValueSize {
-			return fmt.Errorf("%w: %d bytes encoded", ErrInvalidMessage, len(v))
+			return fmt.Errorf("%w: %d bytes encoded", store.ErrInvalidMessage, len(v))
 		}
 		items[i].key, items[i].val = m.Key, v
 		if m.MessageID != "" {
@@ -503,11 +504,11 @@ func (s *Store) Put(ctx context.Context, msgs ...*Message) error {
 // is not an error. A message in a slot is marked released, which rewrites
 // no page of the slot; the slot goes with one DeleteBucket once all of it
 // is released (see the package doc).
-func (s *Store) Delete(ctx context.Context, keys ...Key) error {
+func (s *Store) Delete(ctx context.Context, keys ...store.Key) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	return s.do(ctx, &request{kind: opDelete, keys: append([]Key(nil), keys...)})
+	return s.do(ctx, &request{kind: opDelete, keys: append([]store.Key(nil), keys...)})
 }
 
 // Cancel removes every stored message of the exchange with that message-id
@@ -520,8 +521,8 @@ func (s *Store) Cancel(ctx context.Context, vhost, exchange, messageID string) (
 }
 
 // CancelKey removes one message and reports whether it was pending.
-func (s *Store) CancelKey(ctx context.Context, key Key) (bool, error) {
-	r := &request{kind: opCancelKey, keys: []Key{key}}
+func (s *Store) CancelKey(ctx context.Context, key store.Key) (bool, error) {
+	r := &request{kind: opCancelKey, keys: []store.Key{key}}
 	err := s.do(ctx, r)
 	return r.n > 0, err
 }
@@ -539,7 +540,7 @@ func (s *Store) CancelExchange(ctx context.Context, vhost, exchange string) (int
 // incarnation; an existing one keeps its incarnation and takes the other
 // fields of def (the caller compares definitions before). def.Incarnation is
 // set on success.
-func (s *Store) PutExchange(ctx context.Context, def *ExchangeDef) error {
+func (s *Store) PutExchange(ctx context.Context, def *store.ExchangeDef) error {
 	r := &request{kind: opPutExchange, def: *def}
 	r.def.Arguments = append([]byte(nil), def.Arguments...)
 	if err := s.do(ctx, r); err != nil {
@@ -559,7 +560,7 @@ func (s *Store) DeleteExchange(ctx context.Context, vhost, name string) (int64, 
 }
 
 // Exchange looks a delayed exchange up in the in-memory registry.
-func (s *Store) Exchange(vhost, name string) (ExchangeDef, bool) {
+func (s *Store) Exchange(vhost, name string) (store.ExchangeDef, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	d, ok := s.exchanges[exKey{vhost, name}]
@@ -568,10 +569,10 @@ func (s *Store) Exchange(vhost, name string) (ExchangeDef, bool) {
 }
 
 // Exchanges lists the delayed exchanges in no particular order.
-func (s *Store) Exchanges() []ExchangeDef {
+func (s *Store) Exchanges() []store.ExchangeDef {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := make([]ExchangeDef, 0, len(s.exchanges))
+	out := make([]store.ExchangeDef, 0, len(s.exchanges))
 	for _, d := range s.exchanges {
 		d.Arguments = append([]byte(nil), d.Arguments...)
 		out = append(out, d)
@@ -582,7 +583,7 @@ func (s *Store) Exchanges() []ExchangeDef {
 // Stale reports whether m belongs to an exchange that was deleted or
 // cancelled since m was stored. The scheduler deletes stale messages instead
 // of releasing them.
-func (s *Store) Stale(m *Message) bool {
+func (s *Store) Stale(m *store.Message) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	d, ok := s.exchanges[exKey{m.VHost, m.Exchange}]
@@ -640,3 +641,5 @@ func readWatermark(tx *bolt.Tx) int64 {
 }
 
 func beUint64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
+
+var _ store.Store = (*Store)(nil)

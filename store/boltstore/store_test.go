@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy/store"
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
 )
@@ -45,7 +46,7 @@ func newHarness(t *testing.T, opts Options) *harness {
 	h.s = h.open()
 	t.Cleanup(func() {
 		err := h.s.Check()
-		if errors.Is(err, ErrClosed) {
+		if errors.Is(err, store.ErrClosed) {
 			h.s = h.open()
 			err = h.s.Check()
 		}
@@ -77,16 +78,16 @@ func (h *harness) reopen() {
 	h.s = h.open()
 }
 
-func (h *harness) exchange(vhost, name string) ExchangeDef {
+func (h *harness) exchange(vhost, name string) store.ExchangeDef {
 	h.t.Helper()
-	d := ExchangeDef{VHost: vhost, Name: name, DelayedType: "direct", Durable: true, Arguments: []byte{0, 0, 0, 0}}
+	d := store.ExchangeDef{VHost: vhost, Name: name, DelayedType: "direct", Durable: true, Arguments: []byte{0, 0, 0, 0}}
 	if err := h.s.PutExchange(context.Background(), &d); err != nil {
 		h.t.Fatalf("PutExchange: %v", err)
 	}
 	return d
 }
 
-func (h *harness) put(msgs ...*Message) {
+func (h *harness) put(msgs ...*store.Message) {
 	h.t.Helper()
 	if err := h.s.Put(context.Background(), msgs...); err != nil {
 		h.t.Fatalf("Put: %v", err)
@@ -101,23 +102,23 @@ func (h *harness) check() {
 }
 
 // keys returns every key due in [from, until) via ScanKeys.
-func (h *harness) keys(from, until int64) []Key {
+func (h *harness) keys(from, until int64) []store.Key {
 	h.t.Helper()
-	var out []Key
-	if err := h.s.ScanKeys(from, until, func(k Key) error { out = append(out, k); return nil }); err != nil {
+	var out []store.Key
+	if err := h.s.ScanKeys(from, until, func(k store.Key) error { out = append(out, k); return nil }); err != nil {
 		h.t.Fatalf("ScanKeys: %v", err)
 	}
 	return out
 }
 
-func msg(exchange string, due int64, prio uint8, body string) *Message {
-	return &Message{
+func msg(exchange string, due int64, prio uint8, body string) *store.Message {
+	return &store.Message{
 		VHost: "/", Exchange: exchange, RoutingKey: "rk." + body, Due: due, Delay: 1000,
 		Priority: prio, Body: []byte(body), Properties: []byte{0x80, 0x00, 0x03, 'a', '/', 'b'},
 	}
 }
 
-func bodies(t *testing.T, s *Store, keys []Key) []string {
+func bodies(t *testing.T, s *Store, keys []store.Key) []string {
 	t.Helper()
 	ms, err := s.Get(keys)
 	if err != nil {
@@ -189,7 +190,7 @@ func TestReleaseOrder(t *testing.T) {
 			if got := bodies(t, h.s, keys); !slices.Equal(got, tc.want) {
 				t.Fatalf("release order %q, want %q", got, tc.want)
 			}
-			if !slices.IsSortedFunc(keys, CompareKeys) {
+			if !slices.IsSortedFunc(keys, store.CompareKeys) {
 				t.Fatalf("keys not sorted: %x", keys)
 			}
 			h.reopen()
@@ -225,16 +226,16 @@ func TestScanRanges(t *testing.T) {
 		{name: "before everything", from: 0, until: base, want: nil},
 		{name: "after everything", from: base + 10_000, until: base + 20_000, want: nil},
 		{name: "until beyond every due time", from: math.MinInt64, until: math.MaxInt64, want: seq(0, 20)},
-		{name: "ErrStop ends early without error", from: 0, until: base + 100_000, stopAfter: 3, stopWith: ErrStop, want: seq(0, 3)},
+		{name: "ErrStop ends early without error", from: 0, until: base + 100_000, stopAfter: 3, stopWith: store.ErrStop, want: seq(0, 3)},
 		{name: "other error is returned", from: 0, until: base + 100_000, stopAfter: 2, stopWith: errBoom, want: seq(0, 2), wantErr: errBoom},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, mode := range []string{"Scan", "ScanKeys"} {
 				var got []string
-				var keys []Key
+				var keys []store.Key
 				var err error
 				if mode == "Scan" {
-					err = h.s.Scan(tc.from, tc.until, func(m *Message) error {
+					err = h.s.Scan(tc.from, tc.until, func(m *store.Message) error {
 						if m.Due < tc.from || m.Due >= tc.until {
 							t.Errorf("message due %d outside [%d, %d)", m.Due, tc.from, tc.until)
 						}
@@ -245,7 +246,7 @@ func TestScanRanges(t *testing.T) {
 						return nil
 					})
 				} else {
-					err = h.s.ScanKeys(tc.from, tc.until, func(k Key) error {
+					err = h.s.ScanKeys(tc.from, tc.until, func(k store.Key) error {
 						keys = append(keys, k)
 						if len(keys) == tc.stopAfter {
 							return tc.stopWith
@@ -280,7 +281,7 @@ func TestReopenKeepsEverything(t *testing.T) {
 	h := newHarness(t, Options{})
 	d := h.exchange("v1", "x")
 	h.exchange("v1", "y")
-	var msgs []*Message
+	var msgs []*store.Message
 	for i := range 50 {
 		m := msg("x", base+int64(i%7)*3600_000+int64(i), uint8(i%3), fmt.Sprint(i))
 		m.VHost = "v1"
@@ -300,7 +301,7 @@ func TestReopenKeepsEverything(t *testing.T) {
 	if got, ok := h.s.Exchange("v1", "x"); !ok || !equalDef(got, d) {
 		t.Fatalf("Exchange after reopen %+v %v, want %+v", got, ok, d)
 	}
-	keys := make([]Key, len(msgs))
+	keys := make([]store.Key, len(msgs))
 	for i, m := range msgs {
 		keys[i] = m.Key
 	}
@@ -337,19 +338,19 @@ func TestGetAfterDelete(t *testing.T) {
 	h.put(a, b, c)
 	ctx := context.Background()
 	for _, step := range []struct {
-		del     []Key
+		del     []store.Key
 		want    []string
 		pending int64
 	}{
-		{del: []Key{a.Key}, want: []string{"<nil>", "b", "far"}, pending: 2},
-		{del: []Key{a.Key, MakeKey(base, 0, 999999)}, want: []string{"<nil>", "b", "far"}, pending: 2}, // missing keys are fine
-		{del: []Key{c.Key}, want: []string{"<nil>", "b", "<nil>"}, pending: 1},
-		{del: []Key{b.Key}, want: []string{"<nil>", "<nil>", "<nil>"}, pending: 0}, // drains the slot
+		{del: []store.Key{a.Key}, want: []string{"<nil>", "b", "far"}, pending: 2},
+		{del: []store.Key{a.Key, store.MakeKey(base, 0, 999999)}, want: []string{"<nil>", "b", "far"}, pending: 2}, // missing keys are fine
+		{del: []store.Key{c.Key}, want: []string{"<nil>", "b", "<nil>"}, pending: 1},
+		{del: []store.Key{b.Key}, want: []string{"<nil>", "<nil>", "<nil>"}, pending: 0}, // drains the slot
 	} {
 		if err := h.s.Delete(ctx, step.del...); err != nil {
 			t.Fatalf("Delete: %v", err)
 		}
-		if got := bodies(t, h.s, []Key{a.Key, b.Key, c.Key}); !slices.Equal(got, step.want) {
+		if got := bodies(t, h.s, []store.Key{a.Key, b.Key, c.Key}); !slices.Equal(got, step.want) {
 			t.Fatalf("after deleting %x: %q, want %q", step.del, got, step.want)
 		}
 		if got := h.s.Pending(); got != step.pending {
@@ -395,7 +396,7 @@ func TestCancel(t *testing.T) {
 			if tc.moveMark {
 				h.keys(0, base+10*3600_000)
 			}
-			var keys []Key
+			var keys []store.Key
 			for i, id := range []string{"dup", "one", "dup", ""} {
 				m := msg("x", base+int64(i)*1000, 0, fmt.Sprint(i))
 				m.MessageID = id
@@ -432,15 +433,15 @@ func TestCancel(t *testing.T) {
 		a.MessageID = "ida"
 		h.put(a, b)
 		for _, step := range []struct {
-			key  Key
+			key  store.Key
 			want bool
-		}{{a.Key, true}, {a.Key, false}, {MakeKey(base, 0, 12345), false}} {
+		}{{a.Key, true}, {a.Key, false}, {store.MakeKey(base, 0, 12345), false}} {
 			ok, err := h.s.CancelKey(ctx, step.key)
 			if err != nil || ok != step.want {
 				t.Fatalf("CancelKey(%x) = %v, %v; want %v", step.key, ok, err, step.want)
 			}
 		}
-		if got := bodies(t, h.s, []Key{a.Key, b.Key}); !slices.Equal(got, []string{"<nil>", "b"}) {
+		if got := bodies(t, h.s, []store.Key{a.Key, b.Key}); !slices.Equal(got, []string{"<nil>", "b"}) {
 			t.Fatalf("after CancelKey: %q", got)
 		}
 		if n, _ := h.s.Cancel(ctx, "/", "x", "ida"); n != 0 {
@@ -457,7 +458,7 @@ func TestExchangeLifecycle(t *testing.T) {
 	if again := h.exchange("/", "x"); again.Incarnation != x1.Incarnation {
 		t.Fatalf("re-declaring keeps the incarnation: got %d, want %d", again.Incarnation, x1.Incarnation)
 	}
-	var old []*Message
+	var old []*store.Message
 	for i := range 10 {
 		m := msg("x", base+int64(i)*3600_000, 0, fmt.Sprint(i))
 		m.MessageID = "id"
@@ -522,13 +523,13 @@ func TestExchangeLifecycle(t *testing.T) {
 	if !h.s.Stale(m3) {
 		t.Fatal("message of a deleted exchange is not stale")
 	}
-	if err := h.s.Put(ctx, msg("x", base, 0, "nope")); !errors.Is(err, ErrUnknownExchange) {
+	if err := h.s.Put(ctx, msg("x", base, 0, "nope")); !errors.Is(err, store.ErrUnknownExchange) {
 		t.Fatalf("Put to a deleted exchange: %v, want ErrUnknownExchange", err)
 	}
-	if _, err := h.s.DeleteExchange(ctx, "/", "x"); !errors.Is(err, ErrUnknownExchange) {
+	if _, err := h.s.DeleteExchange(ctx, "/", "x"); !errors.Is(err, store.ErrUnknownExchange) {
 		t.Fatalf("DeleteExchange twice: %v, want ErrUnknownExchange", err)
 	}
-	if _, err := h.s.CancelExchange(ctx, "/", "x"); !errors.Is(err, ErrUnknownExchange) {
+	if _, err := h.s.CancelExchange(ctx, "/", "x"); !errors.Is(err, store.ErrUnknownExchange) {
 		t.Fatalf("CancelExchange of a deleted exchange: %v, want ErrUnknownExchange", err)
 	}
 	x3 := h.exchange("/", "x")
@@ -656,8 +657,8 @@ func TestOptionsRecordedAtCreation(t *testing.T) {
 
 func TestGroupCommitSharesCommits(t *testing.T) {
 	var mu sync.Mutex
-	var infos []CommitInfo
-	h := newHarness(t, Options{OnCommit: func(ci CommitInfo) { mu.Lock(); infos = append(infos, ci); mu.Unlock() }})
+	var infos []store.CommitInfo
+	h := newHarness(t, Options{OnCommit: func(ci store.CommitInfo) { mu.Lock(); infos = append(infos, ci); mu.Unlock() }})
 	h.exchange("/", "x")
 	before := h.s.Stats()
 	const writers, each = 32, 20
@@ -712,22 +713,22 @@ func TestClosedStore(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 	ctx := context.Background()
-	if err := h.s.Close(); !errors.Is(err, ErrClosed) {
+	if err := h.s.Close(); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("second Close: %v", err)
 	}
-	if err := h.s.Put(ctx, msg("x", base, 0, "b")); !errors.Is(err, ErrClosed) {
+	if err := h.s.Put(ctx, msg("x", base, 0, "b")); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("Put after Close: %v", err)
 	}
-	if err := h.s.Delete(ctx, m.Key); !errors.Is(err, ErrClosed) {
+	if err := h.s.Delete(ctx, m.Key); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("Delete after Close: %v", err)
 	}
-	if _, err := h.s.Get([]Key{m.Key}); !errors.Is(err, ErrClosed) {
+	if _, err := h.s.Get([]store.Key{m.Key}); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("Get after Close: %v", err)
 	}
-	if err := h.s.ScanKeys(0, base+1, func(Key) error { return nil }); !errors.Is(err, ErrClosed) {
+	if err := h.s.ScanKeys(0, base+1, func(store.Key) error { return nil }); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("ScanKeys after Close: %v", err)
 	}
-	if _, err := h.s.List("/", "x", Key{}, 10, true); !errors.Is(err, ErrClosed) {
+	if _, err := h.s.List("/", "x", store.Key{}, 10, true); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("List after Close: %v", err)
 	}
 	if _, ok := h.s.NextDue(); ok {
@@ -741,7 +742,7 @@ func TestCloseWaitsForQueuedPuts(t *testing.T) {
 	const n = 64
 	var wg sync.WaitGroup
 	results := make([]error, n)
-	msgs := make([]*Message, n)
+	msgs := make([]*store.Message, n)
 	for i := range n {
 		msgs[i] = msg("x", base+int64(i), 0, fmt.Sprint(i))
 		wg.Add(1)
@@ -756,16 +757,16 @@ func TestCloseWaitsForQueuedPuts(t *testing.T) {
 	wg.Wait()
 	h.s = h.open()
 	for i, err := range results {
-		got, gerr := h.s.Get([]Key{msgs[i].Key})
+		got, gerr := h.s.Get([]store.Key{msgs[i].Key})
 		if gerr != nil {
 			t.Fatal(gerr)
 		}
 		switch {
 		case err == nil && got[0] == nil:
 			t.Fatalf("Put %d returned nil but the message is missing", i)
-		case err != nil && !errors.Is(err, ErrClosed):
+		case err != nil && !errors.Is(err, store.ErrClosed):
 			t.Fatalf("Put %d: %v", i, err)
-		case err != nil && got[0] != nil && msgs[i].Key != (Key{}):
+		case err != nil && got[0] != nil && msgs[i].Key != (store.Key{}):
 			t.Fatalf("Put %d failed with %v but the message is stored", i, err)
 		}
 	}
@@ -777,14 +778,14 @@ func TestPutRefusals(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
-		msgs []*Message
+		msgs []*store.Message
 		want error
 	}{
-		{"unknown exchange", []*Message{msg("nope", base, 0, "a")}, ErrUnknownExchange},
-		{"unknown vhost", []*Message{{VHost: "other", Exchange: "x", Due: base}}, ErrUnknownExchange},
-		{"one bad message fails the call", []*Message{msg("x", base, 0, "ok"), msg("nope", base, 0, "bad")}, ErrUnknownExchange},
-		{"negative due", []*Message{msg("x", -1, 0, "a")}, ErrInvalidMessage},
-		{"due too far", []*Message{msg("x", maxDue, 0, "a")}, ErrInvalidMessage},
+		{"unknown exchange", []*store.Message{msg("nope", base, 0, "a")}, store.ErrUnknownExchange},
+		{"unknown vhost", []*store.Message{{VHost: "other", Exchange: "x", Due: base}}, store.ErrUnknownExchange},
+		{"one bad message fails the call", []*store.Message{msg("x", base, 0, "ok"), msg("nope", base, 0, "bad")}, store.ErrUnknownExchange},
+		{"negative due", []*store.Message{msg("x", -1, 0, "a")}, store.ErrInvalidMessage},
+		{"due too far", []*store.Message{msg("x", maxDue, 0, "a")}, store.ErrInvalidMessage},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := h.s.Put(ctx, tc.msgs...); !errors.Is(err, tc.want) {
@@ -809,7 +810,7 @@ func TestDiskFull(t *testing.T) {
 	ctx := context.Background()
 	body := strings.Repeat("z", 8<<10)
 	type result struct {
-		m   *Message
+		m   *store.Message
 		err error
 	}
 	var results []result
@@ -831,7 +832,7 @@ func TestDiskFull(t *testing.T) {
 	}
 	var ok, full int
 	for _, r := range results {
-		got, err := h.s.Get([]Key{r.m.Key})
+		got, err := h.s.Get([]store.Key{r.m.Key})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -841,7 +842,7 @@ func TestDiskFull(t *testing.T) {
 			if got[0] == nil || string(got[0].Body) != body {
 				t.Fatalf("Put returned nil but message %x is missing", r.m.Key)
 			}
-		case errors.Is(r.err, ErrFull):
+		case errors.Is(r.err, store.ErrFull):
 			full++
 			if got[0] != nil {
 				t.Fatalf("Put failed with %v but message %x is stored", r.err, r.m.Key)

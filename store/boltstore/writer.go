@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/delayproxy/delayproxy/store"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -36,7 +37,7 @@ const (
 
 // putItem is one message prepared by Put in the caller's goroutine.
 type putItem struct {
-	key Key
+	key store.Key
 	val []byte // encoded message
 	inc uint64
 	id  []byte // ids index key, nil without a message-id
@@ -48,11 +49,11 @@ type request struct {
 	kind   opKind
 	ctx    context.Context
 	puts   []putItem
-	keys   []Key
+	keys   []store.Key
 	vhost  string
 	name   string
 	id     string
-	def    ExchangeDef
+	def    store.ExchangeDef
 	target int64
 
 	n    int64
@@ -163,14 +164,14 @@ type batch struct {
 	drained map[int64]struct{}     // slots that had messages released
 	sc      map[int64]slotCount    // Store.slotCounts overlay; dropped: slot gone
 
-	ex         map[exKey]*ExchangeDef // registry overlay; nil: deleted
-	delta      map[uint64]int64       // count changes per incarnation
+	ex         map[exKey]*store.ExchangeDef // registry overlay; nil: deleted
+	delta      map[uint64]int64             // count changes per incarnation
 	incCounter uint64
 	nextSeq    uint64
 	farMin     int64
 	farMinOK   bool
 
-	late          []Key // far puts into the range of the running cascade scan
+	late          []store.Key // far puts into the range of the running cascade scan
 	puts, deletes int
 }
 
@@ -183,7 +184,7 @@ func (s *Store) newBatch(tx *bolt.Tx) *batch {
 		released: tx.Bucket(bucketReleased),
 		slotB:    map[int64]*bolt.Bucket{}, farB: map[int64]*bolt.Bucket{}, relB: map[int64]*bolt.Bucket{},
 		drained: map[int64]struct{}{}, sc: map[int64]slotCount{},
-		ex: map[exKey]*ExchangeDef{}, delta: map[uint64]int64{},
+		ex: map[exKey]*store.ExchangeDef{}, delta: map[uint64]int64{},
 		incCounter: s.incCounter, nextSeq: s.persistedSeq,
 		farMin: s.farMin, farMinOK: s.farMinOK,
 	}
@@ -217,7 +218,7 @@ func (s *Store) commit(reqs []*request) {
 		}
 	}
 	dur := time.Since(start)
-	info := CommitInfo{Requests: len(reqs), Duration: dur}
+	info := store.CommitInfo{Requests: len(reqs), Duration: dur}
 	if err != nil {
 		err = commitError(err)
 		info.Err = err
@@ -254,9 +255,9 @@ func (s *Store) commit(reqs []*request) {
 func commitError(err error) error {
 	switch {
 	case errors.Is(err, berrors.ErrMaxSizeReached), errors.Is(err, syscall.ENOSPC):
-		return fmt.Errorf("%w: %w", ErrFull, err)
+		return fmt.Errorf("%w: %w", store.ErrFull, err)
 	case errors.Is(err, berrors.ErrDatabaseNotOpen):
-		return ErrClosed
+		return store.ErrClosed
 	}
 	return fmt.Errorf("store: commit: %w", err)
 }
@@ -306,10 +307,10 @@ func (s *Store) publish(b *batch) {
 }
 
 // exchange looks an exchange up through the batch overlay.
-func (b *batch) exchange(k exKey) (ExchangeDef, bool) {
+func (b *batch) exchange(k exKey) (store.ExchangeDef, bool) {
 	if d, ok := b.ex[k]; ok {
 		if d == nil {
-			return ExchangeDef{}, false
+			return store.ExchangeDef{}, false
 		}
 		return *d, true
 	}
@@ -345,11 +346,11 @@ func (b *batch) apply(r *request) error {
 		}
 	case opCancelID:
 		prefix := idPrefix([]byte(r.vhost), []byte(r.name), []byte(r.id))
-		var keys []Key
+		var keys []store.Key
 		c := b.ids.Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			if len(k) == len(prefix)+KeySize {
-				keys = append(keys, Key(k[len(prefix):]))
+			if len(k) == len(prefix)+store.KeySize {
+				keys = append(keys, store.Key(k[len(prefix):]))
 			}
 		}
 		d, known := b.exchange(exKey{r.vhost, r.name})
@@ -379,7 +380,7 @@ func (b *batch) apply(r *request) error {
 		k := exKey{r.vhost, r.name}
 		d, ok := b.exchange(k)
 		if !ok {
-			r.err = fmt.Errorf("%w: %q in vhost %q", ErrUnknownExchange, r.name, r.vhost)
+			r.err = fmt.Errorf("%w: %q in vhost %q", store.ErrUnknownExchange, r.name, r.vhost)
 			return nil
 		}
 		r.n = b.count(d.Incarnation)
@@ -499,7 +500,7 @@ func (b *batch) put(p *putItem) error {
 // order) instead of deleted in place, so that releasing never rewrites the
 // slot's pages; finish drops the slot whole once every message in it is
 // released. A message in a far bucket is deleted.
-func (b *batch) remove(k Key) (inc uint64, found bool, err error) {
+func (b *batch) remove(k store.Key) (inc uint64, found bool, err error) {
 	due := k.Due()
 	key := storedKey(k)
 	if due >= b.s.watermark {
@@ -558,7 +559,7 @@ func (b *batch) remove(k Key) (inc uint64, found bool, err error) {
 }
 
 // removed deletes the ids entry of a message taken out and counts it.
-func (b *batch) removed(k Key, mv msgView) (inc uint64, found bool, err error) {
+func (b *batch) removed(k store.Key, mv msgView) (inc uint64, found bool, err error) {
 	if mv.flags&flagMessageID != 0 {
 		if err := b.ids.Delete(idKey(mv.vhost, mv.exchange, mv.messageID, k)); err != nil {
 			return 0, false, err
@@ -670,12 +671,12 @@ func (b *batch) finish() error {
 }
 
 // keyHeap is a max-heap of keys.
-type keyHeap []Key
+type keyHeap []store.Key
 
 func (h keyHeap) Len() int           { return len(h) }
-func (h keyHeap) Less(i, j int) bool { return CompareKeys(h[i], h[j]) > 0 }
+func (h keyHeap) Less(i, j int) bool { return store.CompareKeys(h[i], h[j]) > 0 }
 func (h keyHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *keyHeap) Push(x any)        { *h = append(*h, x.(Key)) }
+func (h *keyHeap) Push(x any)        { *h = append(*h, x.(store.Key)) }
 func (h *keyHeap) Pop() any {
 	old := *h
 	k := old[len(old)-1]
@@ -709,8 +710,8 @@ func (s *Store) nextDueExact() (int64, bool, error) {
 // the first key scanSlots yields (it reads the first slot that holds one).
 func (s *Store) firstSlotDue(tx *bolt.Tx) (due int64, ok bool) {
 	_ = s.scanSlots(tx, 0, maxDue, func(k, _ []byte) error {
-		due, ok = Key(k).Due(), true
-		return ErrStop
+		due, ok = store.Key(k).Due(), true
+		return store.ErrStop
 	})
 	return due, ok
 }
