@@ -3,12 +3,14 @@ package boltstore
 import (
 	"cmp"
 	"container/heap"
+	"context"
 	"math"
 	"slices"
 	"time"
 
-	"github.com/delayproxy/delayproxy/store"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/delayproxy/delayproxy/store"
 )
 
 // cascadePassMax bounds the messages one cascade pass moves (and keeps in
@@ -226,4 +228,19 @@ func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]store.Key, int64) {
 	}
 	slices.SortFunc(keys, store.CompareKeys)
 	return keys, limit
+}
+
+// cascadeTo makes sure every message due before until sits in a slot.
+func (s *Store) cascadeTo(until int64) error {
+	s.mu.RLock()
+	w := s.watermark
+	s.mu.RUnlock()
+	if until <= w {
+		return nil
+	}
+	target := maxDue
+	if until < maxDue-s.leadMs {
+		target = s.roundUp(until + s.leadMs)
+	}
+	return s.do(context.Background(), &request{kind: opCascade, target: target})
 }

@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"maps"
 
-	"github.com/delayproxy/delayproxy/store"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/delayproxy/delayproxy/store"
 )
 
 // Check verifies the file (bbolt's page check) and the store's own

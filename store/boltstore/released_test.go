@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayproxy/delayproxy/store"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/delayproxy/delayproxy/store"
 )
 
 // slotState reads what a slot physically holds: entries, released marks,

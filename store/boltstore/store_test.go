@@ -15,9 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayproxy/delayproxy/store"
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
+
+	"github.com/delayproxy/delayproxy/store"
 )
 
 func TestMain(m *testing.M) {

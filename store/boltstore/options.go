@@ -1,21 +1,22 @@
 package boltstore
 
 import (
-	"errors"
+	"fmt"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/delayproxy/delayproxy/store"
 )
 
-// Errors of Open, besides the contract's (package store). Callers match
-// them with errors.Is.
-var (
-	// ErrNotStore: the file exists but is not a delayproxy store.
-	ErrNotStore = errors.New("store: not a delayproxy store")
-	// ErrSchemaTooNew: the file was written by a newer delayproxy.
-	ErrSchemaTooNew = errors.New("store: schema version is newer than this delayproxy")
-	// ErrLocked: another process holds the store file open.
-	ErrLocked = errors.New("store: file is locked by another process")
+// Defaults of Options.
+const (
+	defaultSlotWidth   = time.Second
+	defaultFarWidth    = 24 * time.Hour
+	defaultCascadeLead = time.Minute
+	defaultMmapSize    = 1 << 30
+	defaultMaxBatch    = 10000
+	defaultLockTimeout = time.Second
 )
 
 // Options tune the bbolt file. The zero value is a good default.
@@ -52,18 +53,43 @@ type Options struct {
 	OnCommit func(store.CommitInfo)
 }
 
-// Stats are cumulative counters of a Store since Open.
-type Stats struct {
-	Commits          uint64        // successful group commits
-	FailedCommits    uint64        // commits that failed (every request in them failed)
-	Requests         uint64        // write requests served by successful commits
-	Messages         uint64        // messages written by Put
-	Deletes          uint64        // messages removed
-	MaxBatch         int           // most messages+deletes seen in one commit
-	CommitTime       time.Duration // total time spent in group commits, fsync included
-	Cascades         uint64        // cascade passes (far buckets sorted into slots)
-	CascadedMessages uint64        // messages moved by cascade passes
-	CascadeTime      time.Duration // total time spent in cascade passes
-	Stale            int64         // stored messages of deleted or cancelled exchange incarnations
-	PageWrites       uint64        // pages bbolt wrote (commits and cascades): write amplification
+func (o Options) normalize() (Options, error) {
+	if o.SlotWidth == 0 {
+		o.SlotWidth = defaultSlotWidth
+	}
+	if o.FarWidth == 0 {
+		o.FarWidth = defaultFarWidth
+	}
+	if o.CascadeLead == 0 {
+		o.CascadeLead = defaultCascadeLead
+	}
+	if o.InitialMmapSize == 0 {
+		o.InitialMmapSize = defaultMmapSize
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = defaultMaxBatch
+	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = defaultLockTimeout
+	}
+	switch {
+	case o.SlotWidth < time.Millisecond || o.SlotWidth%time.Millisecond != 0:
+		return o, fmt.Errorf("store: SlotWidth %v is not a whole number of milliseconds", o.SlotWidth)
+	case o.FarWidth < o.SlotWidth || o.FarWidth%o.SlotWidth != 0:
+		return o, fmt.Errorf("store: FarWidth %v is not a multiple of SlotWidth %v", o.FarWidth, o.SlotWidth)
+	case o.CascadeLead < 0:
+		return o, fmt.Errorf("store: negative CascadeLead %v", o.CascadeLead)
+	}
+	return o, nil
+}
+
+func boltOptions(o Options) *bolt.Options {
+	return &bolt.Options{
+		Timeout:         o.LockTimeout,
+		NoFreelistSync:  !o.SyncFreelist,
+		FreelistType:    bolt.FreelistMapType,
+		InitialMmapSize: o.InitialMmapSize,
+		NoSync:          o.NoSync,
+		MaxSize:         o.MaxSize,
+	}
 }

@@ -1,0 +1,65 @@
+package boltstore
+
+import (
+	"encoding/binary"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+const (
+	// schemaVersion 2 added the released bucket; Open upgrades a version 1
+	// file by creating it.
+	schemaVersion = 2
+	storeMagic    = "delayproxy store"
+
+	// maxDue bounds due times (year ~146 million) so that watermark
+	// arithmetic never overflows.
+	maxDue = int64(1) << 62
+)
+
+var (
+	bucketMeta      = []byte("meta")
+	bucketCounts    = []byte("counts") // nested in meta
+	bucketSlots     = []byte("slots")
+	bucketFar       = []byte("far")
+	bucketIDs       = []byte("ids")
+	bucketExchanges = []byte("exchanges")
+	bucketReleased  = []byte("released")
+
+	metaMagic       = []byte("magic")
+	metaVersion     = []byte("version")
+	metaSlotWidth   = []byte("slot-ms")
+	metaFarWidth    = []byte("far-ms")
+	metaSeq         = []byte("seq")
+	metaIncarnation = []byte("incarnation")
+	metaWatermark   = []byte("watermark")
+)
+
+func metaU64(b *bolt.Bucket, k []byte) (uint64, bool) {
+	v := b.Get(k)
+	if len(v) != 8 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(v), true
+}
+
+// slotKey is the key of a slot bucket: due / slot width, 8 B BE.
+func (s *Store) slotKey(due int64) []byte { return u64(uint64(due / s.slotMs)) }
+
+// farBucketKey is the key of a far bucket: due / far width, 8 B BE.
+func (s *Store) farBucketKey(due int64) []byte { return u64(uint64(due / s.farMs)) }
+
+// roundUp rounds t up to a slot boundary; t is capped at maxDue first, so
+// the result never overflows and stays a slot boundary.
+func (s *Store) roundUp(t int64) int64 {
+	t = min(t, maxDue)
+	return (t + s.slotMs - 1) / s.slotMs * s.slotMs
+}
+
+// readWatermark reads the watermark of tx's snapshot.
+func readWatermark(tx *bolt.Tx) int64 {
+	v, _ := metaU64(tx.Bucket(bucketMeta), metaWatermark)
+	return int64(v)
+}
+
+func beUint64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
