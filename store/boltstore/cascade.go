@@ -44,10 +44,11 @@ func (s *Store) cascadeStep(waiting []*request, open bool, err error) []*request
 	if len(waiting) == 0 {
 		return nil
 	}
-	if err != nil {
-	} else if !open {
+	switch {
+	case err != nil: // the pass that just ended failed: so does every waiter
+	case !open:
 		err = store.ErrClosed
-	} else if s.scan == nil {
+	case s.scan == nil:
 		target := int64(0)
 		for _, r := range waiting {
 			target = max(target, r.target)

@@ -15,8 +15,7 @@ import (
 // Check verifies the file (bbolt's page check) and the store's own
 // invariants: every message in the right slot or far bucket, no slot
 // without an unreleased message, every released mark on a message of its
-// slot,
-// no far bucket left behind the watermark, the ids index matching the
+// slot, no far bucket left behind the watermark, the ids index matching the
 // messages both ways, the counters in meta and in memory equal to what is
 // stored, sequence and incarnation counters ahead of every stored value. It
 // reads the whole file, between two commits: meant for tests and offline

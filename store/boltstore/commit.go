@@ -49,7 +49,7 @@ func (s *Store) commit(reqs []*request) {
 			}
 		}
 	} else {
-		s.publish(b)
+		s.applyCommitted(b)
 		info.Messages, info.Deletes = b.puts, b.deletes
 	}
 	s.statsMu.Lock()
@@ -83,8 +83,9 @@ func commitError(err error) error {
 	return fmt.Errorf("store: commit: %w", err)
 }
 
-// publish makes a committed batch visible in memory.
-func (s *Store) publish(b *batch) {
+// applyCommitted makes a committed batch visible in memory: registry,
+// counters, slot counts and the far minimum.
+func (s *Store) applyCommitted(b *batch) {
 	s.incCounter = b.incCounter
 	s.persistedSeq = b.nextSeq
 	for idx, c := range b.sc {
