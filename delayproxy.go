@@ -70,7 +70,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		return err
 	}
 	m := metrics.New()
-	st, err := boltstore.Open(path, boltstore.Options{OnCommit: m.Commit})
+	st, err := boltstore.Open(path, boltstore.Options{Metrics: m})
 	if err != nil {
 		return fmt.Errorf("open store %s: %w", path, err)
 	}

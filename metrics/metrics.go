@@ -293,7 +293,7 @@ func (m *Metrics) UpstreamReconnect() {
 	m.upstreamReconnects.Inc()
 }
 
-// Commit records one store group commit; pass it as boltstore.Options.OnCommit.
+// Commit records one store group commit: *Metrics is a boltstore.Metrics.
 // Failed commits are counted from Stats, not here.
 func (m *Metrics) Commit(ci store.CommitInfo) {
 	if m == nil || ci.Err != nil {

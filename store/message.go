@@ -13,5 +13,5 @@ type Message struct {
 	Delay       int64  // the x-delay asked for, ms (the release sets x-delay = -Delay)
 	Priority    uint8  // AMQP priority property, 0 when absent
 	MessageID   string // AMQP message-id property, "" when absent
-	Incarnation uint64 // registry incarnation of the exchange; set by Put
+	Incarnation uint64 // registry incarnation of the exchange, from its ExchangeDef; set by the caller of Put
 }

@@ -319,17 +319,19 @@ func (h *conn) Publish(p *amqpproxy.Publish) {
 		closePublish(p, err)
 		return
 	}
+	def, _ := h.i.cfg.Store.Exchange(h.c.VHost, p.Publish.Exchange) // gone: incarnation 0, which Put refuses
 	msg := &store.Message{
-		VHost:      h.c.VHost,
-		Exchange:   p.Publish.Exchange,
-		RoutingKey: p.Publish.RoutingKey,
-		Mandatory:  p.Publish.Mandatory,
-		Properties: p.Properties(),
-		Body:       p.Body,
-		Due:        DueAt(h.i.cfg.Now(), ms),
-		Delay:      ms,
-		Priority:   props.Priority,
-		MessageID:  props.MessageID,
+		VHost:       h.c.VHost,
+		Exchange:    p.Publish.Exchange,
+		RoutingKey:  p.Publish.RoutingKey,
+		Mandatory:   p.Publish.Mandatory,
+		Properties:  p.Properties(),
+		Body:        p.Body,
+		Due:         DueAt(h.i.cfg.Now(), ms),
+		Delay:       ms,
+		Priority:    props.Priority,
+		MessageID:   props.MessageID,
+		Incarnation: def.Incarnation,
 	}
 	if p.Channel.TxMode() {
 		h.tx[p.Channel] = append(h.tx[p.Channel], msg)

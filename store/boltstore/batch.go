@@ -16,7 +16,7 @@ type batch struct {
 	s                                     *Store
 	tx                                    *bolt.Tx
 	slots, far, ids, exch, meta, countsBk *bolt.Bucket
-	released                              *bolt.Bucket
+	released, tallyBk                     *bolt.Bucket
 
 	slotB   map[int64]*bolt.Bucket // slot buckets opened in this tx, by slot index
 	farB    map[int64]*bolt.Bucket // far buckets opened in this tx, by far index
@@ -26,6 +26,8 @@ type batch struct {
 
 	ex         map[exKey]*store.ExchangeDef // registry overlay; nil: deleted
 	delta      map[uint64]int64             // count changes per incarnation
+	tally      map[int64]int64              // tally changes per due minute
+	tallyRows  map[int64]*tallyRow          // rows written by finish (nil: gone)
 	incCounter uint64
 	nextSeq    uint64
 	farMin     int64
@@ -41,10 +43,10 @@ func (s *Store) newBatch(tx *bolt.Tx) *batch {
 		s: s, tx: tx,
 		slots: tx.Bucket(bucketSlots), far: tx.Bucket(bucketFar), ids: tx.Bucket(bucketIDs),
 		exch: tx.Bucket(bucketExchanges), meta: meta, countsBk: meta.Bucket(bucketCounts),
-		released: tx.Bucket(bucketReleased),
-		slotB:    map[int64]*bolt.Bucket{}, farB: map[int64]*bolt.Bucket{}, relB: map[int64]*bolt.Bucket{},
+		released: tx.Bucket(bucketReleased), tallyBk: meta.Bucket(bucketTally),
+		slotB: map[int64]*bolt.Bucket{}, farB: map[int64]*bolt.Bucket{}, relB: map[int64]*bolt.Bucket{},
 		drained: map[int64]struct{}{}, sc: map[int64]slotCount{},
-		ex: map[exKey]*store.ExchangeDef{}, delta: map[uint64]int64{},
+		ex: map[exKey]*store.ExchangeDef{}, delta: map[uint64]int64{}, tally: map[int64]int64{},
 		incCounter: s.incCounter, nextSeq: s.persistedSeq,
 		farMin: s.farMin, farMinOK: s.farMinOK,
 	}
@@ -104,7 +106,7 @@ func (b *batch) apply(r *request) error {
 				return err
 			}
 			if found && known && inc == d.Incarnation {
-				r.n++
+				r.removed = append(r.removed, k)
 			}
 		}
 	case opPutExchange:
@@ -233,6 +235,7 @@ func (b *batch) put(p *putItem) error {
 		}
 	}
 	b.delta[p.inc]++
+	b.addTally(due, 1)
 	b.puts++
 	b.nextSeq = max(b.nextSeq, p.key.Seq()+1)
 	return nil
@@ -310,12 +313,13 @@ func (b *batch) removed(k store.Key, mv msgView) (inc uint64, found bool, err er
 		}
 	}
 	b.delta[mv.incarnation]--
+	b.addTally(k.Due(), -1)
 	b.deletes++
 	return mv.incarnation, true, nil
 }
 
 // finish drops the slots whose messages are all released, with their
-// released buckets, and writes counters into meta.
+// released buckets, and writes counters and tally rows into meta.
 func (b *batch) finish() error {
 	for idx := range b.drained {
 		bk, err := b.slot(idx, false)
@@ -365,6 +369,10 @@ func (b *batch) finish() error {
 		if err != nil {
 			return err
 		}
+	}
+	var err error
+	if b.tallyRows, err = b.writeTally(); err != nil {
+		return err
 	}
 	if b.nextSeq != b.s.persistedSeq {
 		if err := b.meta.Put(metaSeq, u64(b.nextSeq)); err != nil {

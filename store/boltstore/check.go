@@ -16,10 +16,10 @@ import (
 // invariants: every message in the right slot or far bucket, no slot
 // without an unreleased message, every released mark on a message of its
 // slot, no far bucket left behind the watermark, the ids index matching the
-// messages both ways, the counters in meta and in memory equal to what is
-// stored, sequence and incarnation counters ahead of every stored value. It
-// reads the whole file, between two commits: meant for tests and offline
-// checks.
+// messages both ways, the counters and the tally in meta and in memory
+// equal to what is stored, sequence and incarnation counters ahead of every
+// stored value. It reads the whole file, between two commits: meant for
+// tests and offline checks.
 func (s *Store) Check() error {
 	return s.do(context.Background(), &request{kind: opCheck})
 }
@@ -51,6 +51,7 @@ func (s *Store) check() error {
 		}
 		ids := tx.Bucket(bucketIDs)
 		counted := map[uint64]int64{}
+		tallied := map[int64]*tallyRow{}
 		withID := 0
 		message := func(where string, k store.Key, v []byte) {
 			mv, err := viewMessage(v)
@@ -59,6 +60,7 @@ func (s *Store) check() error {
 				return
 			}
 			counted[mv.incarnation]++
+			countDue(tallied, k.Due())
 			if k.Seq() >= seq {
 				add("%s key %x: sequence %d not below next %d", where, k[:], k.Seq(), seq)
 			}
@@ -176,8 +178,20 @@ func (s *Store) check() error {
 		}); err != nil {
 			return err
 		}
+		stored := map[int64]*tallyRow{}
+		if bk := meta.Bucket(bucketTally); bk == nil {
+			add("tally bucket missing")
+		} else if rows, err := loadTally(bk); err != nil {
+			add("tally: %v", err)
+		} else {
+			stored = rows
+		}
 		s.mu.RLock()
 		defer s.mu.RUnlock()
+		eqRow := func(a, b *tallyRow) bool { return *a == *b }
+		if !maps.EqualFunc(tallied, stored, eqRow) || !maps.EqualFunc(tallied, s.tally, eqRow) {
+			add("tally: %d hours counted from the messages, %d in meta, %d in memory, or their counts differ", len(tallied), len(stored), len(s.tally))
+		}
 		if !maps.Equal(counted, persisted) || !maps.Equal(counted, s.counts) {
 			add("counts per incarnation: stored %v, meta %v, memory %v", counted, persisted, s.counts)
 		}

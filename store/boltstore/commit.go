@@ -64,8 +64,8 @@ func (s *Store) commit(reqs []*request) {
 	}
 	s.stats.CommitTime += dur
 	s.statsMu.Unlock()
-	if s.opts.OnCommit != nil {
-		s.opts.OnCommit(info)
+	if s.opts.Metrics != nil {
+		s.opts.Metrics.Commit(info)
 	}
 	for _, r := range reqs {
 		close(r.done)
@@ -120,6 +120,13 @@ func (s *Store) applyCommitted(b *batch) {
 			} else {
 				s.stale += d
 			}
+		}
+	}
+	for hour, row := range b.tallyRows {
+		if row == nil {
+			delete(s.tally, hour)
+		} else {
+			s.tally[hour] = row
 		}
 	}
 	s.farMin, s.farMinOK = b.farMin, b.farMinOK

@@ -42,7 +42,8 @@ func crashChild() {
 		os.Exit(2)
 	}
 	ctx := context.Background()
-	if err := s.PutExchange(ctx, &store.ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}); err != nil {
+	x := &store.ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}
+	if err := s.PutExchange(ctx, x); err != nil {
 		fmt.Fprintln(os.Stderr, "child exchange:", err)
 		os.Exit(2)
 	}
@@ -60,7 +61,7 @@ func crashChild() {
 			for i := 0; ; i++ {
 				id := fmt.Sprintf("%d-%d-%d", pid, g, i)
 				m := &store.Message{VHost: "/", Exchange: "x", Due: base + r.Int64N(24*3600_000),
-					MessageID: id, Body: crashBody(id), Priority: uint8(r.IntN(3))}
+					MessageID: id, Body: crashBody(id), Priority: uint8(r.IntN(3)), Incarnation: x.Incarnation}
 				if err := s.Put(ctx, m); err != nil {
 					fmt.Fprintln(os.Stderr, "child put:", err)
 					os.Exit(2)

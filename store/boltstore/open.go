@@ -76,6 +76,7 @@ func Open(path string, opts Options) (*Store, error) {
 		exchanges: make(map[exKey]store.ExchangeDef),
 		liveInc:   make(map[uint64]exKey),
 		counts:    make(map[uint64]int64),
+		tally:     make(map[int64]*tallyRow),
 
 		slotCounts: make(map[int64]slotCount),
 	}
@@ -84,7 +85,7 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("%w: %s", err, path)
 	}
 	if s.upgrade {
-		if err := db.Update(upgrade); err != nil {
+		if err := db.Update(s.upgradeSchema); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("store: upgrade %s to schema %d: %w", path, schemaVersion, err)
 		}
@@ -123,8 +124,10 @@ func create(path string, o Options) error {
 		if err != nil {
 			return err
 		}
-		if _, err := meta.CreateBucket(bucketCounts); err != nil {
-			return err
+		for _, name := range [][]byte{bucketCounts, bucketTally} {
+			if _, err := meta.CreateBucket(name); err != nil {
+				return err
+			}
 		}
 		for k, v := range map[string][]byte{
 			string(metaMagic):       []byte(storeMagic),
@@ -195,6 +198,16 @@ func (s *Store) load(tx *bolt.Tx) error {
 		}
 	}
 	s.upgrade = version < schemaVersion
+	if version >= 3 {
+		bk := meta.Bucket(bucketTally)
+		if bk == nil {
+			return fmt.Errorf("%w: tally missing", ErrNotStore)
+		}
+		var err error
+		if s.tally, err = loadTally(bk); err != nil {
+			return err
+		}
+	}
 	counts := meta.Bucket(bucketCounts)
 	if counts == nil {
 		return fmt.Errorf("%w: counts missing", ErrNotStore)
@@ -218,11 +231,29 @@ func (s *Store) load(tx *bolt.Tx) error {
 	})
 }
 
-// upgrade brings a version 1 file to the current schema: it adds the
-// released bucket (empty: version 1 deleted released messages outright).
-func upgrade(tx *bolt.Tx) error {
+// upgradeSchema brings a version 1 or 2 file to the current schema: it
+// adds the released bucket (version 1 deleted released messages outright,
+// so it starts empty) and the tally, counted from every key of the file
+// once (versions 1 and 2 kept none).
+func (s *Store) upgradeSchema(tx *bolt.Tx) error {
 	if _, err := tx.CreateBucketIfNotExists(bucketReleased); err != nil {
 		return err
 	}
-	return tx.Bucket(bucketMeta).Put(metaVersion, u64(schemaVersion))
+	meta := tx.Bucket(bucketMeta)
+	if meta.Bucket(bucketTally) != nil {
+		if err := meta.DeleteBucket(bucketTally); err != nil {
+			return err
+		}
+	}
+	bk, err := meta.CreateBucket(bucketTally)
+	if err != nil {
+		return err
+	}
+	s.tally = s.countTally(tx)
+	for hour, row := range s.tally {
+		if err := bk.Put(u64(uint64(hour)), row.encode()); err != nil {
+			return err
+		}
+	}
+	return meta.Put(metaVersion, u64(schemaVersion))
 }

@@ -35,7 +35,7 @@ type Options struct {
 	// multiple of SlotWidth. Wider: fewer pages written per commit when
 	// delays spread over hours; narrower: shorter cascade scans.
 	FarWidth time.Duration
-	// CascadeLead is how far beyond the end of a Scan or ScanKeys range the
+	// CascadeLead is how far beyond the end of a ScanKeys range the
 	// watermark is moved when it has to move. Default 1m.
 	CascadeLead time.Duration
 	// SyncFreelist writes bbolt's freelist at every commit instead of
@@ -47,10 +47,16 @@ type Options struct {
 	// LockTimeout is how long Open waits for another process to release the
 	// file lock before failing with ErrLocked. Default 1s.
 	LockTimeout time.Duration
-	// OnCommit, when set, is called by the writer goroutine after every
-	// commit (for metrics: commit latency and batch size histograms). It must
-	// return quickly and must not call the Store.
-	OnCommit func(store.CommitInfo)
+	// Metrics, when set, hears of every group commit (commit latency and
+	// batch size histograms); *metrics.Metrics is one.
+	Metrics Metrics
+}
+
+// Metrics is what the store reports to. Commit is called by the writer
+// goroutine after every commit: it must return quickly and must not call
+// the Store.
+type Metrics interface {
+	Commit(store.CommitInfo)
 }
 
 func (o Options) normalize() (Options, error) {

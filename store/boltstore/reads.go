@@ -55,31 +55,10 @@ func (s *Store) lookup(tx *bolt.Tx, w int64, k store.Key) []byte {
 	return nil
 }
 
-// Scan calls fn for every stored message due in [from, until), in release
-// order (key order), stale ones included. It stops at the first error fn
-// returns and returns it, except ErrStop, which ends the scan with nil.
-//
-// Scan first moves the cascade watermark past until (a write that sorts far
-// buckets into slots), so call it for the scheduler's horizon, not for
-// far-future ranges; List serves the admin API without moving anything. fn
-// runs inside a read transaction: it must not wait for a Put, Delete or
-// other write of this store.
-func (s *Store) Scan(from, until int64, fn func(*store.Message) error) error {
-	return s.scanRange(from, until, func(k, v []byte) error {
-		m, err := decodeMessage(store.Key(k), v, true)
-		if err != nil {
-			return fmt.Errorf("key %x: %w", k, err)
-		}
-		return fn(m)
-	})
-}
-
-// ScanKeys is Scan without decoding values: the cheap way to load the wheel.
+// ScanKeys implements store.Store. It first moves the cascade watermark
+// past until (a write that sorts far buckets into slots, see cascade.go),
+// then reads the slots of the range one at a time, in key order.
 func (s *Store) ScanKeys(from, until int64, fn func(store.Key) error) error {
-	return s.scanRange(from, until, func(k, _ []byte) error { return fn(store.Key(k)) })
-}
-
-func (s *Store) scanRange(from, until int64, fn func(k, v []byte) error) error {
 	from = max(from, 0)
 	until = min(until, maxDue)
 	if until <= from {
@@ -89,7 +68,7 @@ func (s *Store) scanRange(from, until int64, fn func(k, v []byte) error) error {
 		return err
 	}
 	return s.view(func(tx *bolt.Tx) error {
-		err := s.scanSlots(tx, from, until, fn)
+		err := s.scanSlots(tx, from, until, func(k, _ []byte) error { return fn(store.Key(k)) })
 		if errors.Is(err, store.ErrStop) {
 			return nil
 		}

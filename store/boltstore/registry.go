@@ -2,22 +2,22 @@ package boltstore
 
 import "github.com/delayproxy/delayproxy/store"
 
-// Exchange looks a delayed exchange up in the in-memory registry.
+// Exchange looks a delayed exchange up in the in-memory registry. The
+// definition shares its Arguments with the registry: read-only.
 func (s *Store) Exchange(vhost, name string) (store.ExchangeDef, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	d, ok := s.exchanges[exKey{vhost, name}]
-	d.Arguments = append([]byte(nil), d.Arguments...)
 	return d, ok
 }
 
-// Exchanges lists the delayed exchanges in no particular order.
+// Exchanges lists the delayed exchanges in no particular order, their
+// Arguments shared with the registry as Exchange's.
 func (s *Store) Exchanges() []store.ExchangeDef {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	out := make([]store.ExchangeDef, 0, len(s.exchanges))
 	for _, d := range s.exchanges {
-		d.Arguments = append([]byte(nil), d.Arguments...)
 		out = append(out, d)
 	}
 	return out

@@ -7,9 +7,9 @@ import (
 )
 
 const (
-	// schemaVersion 2 added the released bucket; Open upgrades a version 1
-	// file by creating it.
-	schemaVersion = 2
+	// schemaVersion 2 added the released bucket, 3 the tally; Open
+	// upgrades an older file by adding what it lacks.
+	schemaVersion = 3
 	storeMagic    = "delayproxy store"
 
 	// maxDue bounds due times (year ~146 million) so that watermark
@@ -20,6 +20,7 @@ const (
 var (
 	bucketMeta      = []byte("meta")
 	bucketCounts    = []byte("counts") // nested in meta
+	bucketTally     = []byte("tally")  // nested in meta
 	bucketSlots     = []byte("slots")
 	bucketFar       = []byte("far")
 	bucketIDs       = []byte("ids")

@@ -50,6 +50,7 @@ type Store struct {
 	watermark int64            // due < watermark: slots; due >= watermark: far buckets
 	farMin    int64            // earliest due in far buckets (math.MaxInt64: none), when farMinOK
 	farMinOK  bool
+	tally     map[int64]*tallyRow // stored messages by due minute, a row per hour (see tally.go)
 
 	// Writer-only state (no lock: touched by the writer goroutine alone).
 	incCounter   uint64       // last incarnation handed out

@@ -51,10 +51,11 @@ type request struct {
 	def    store.ExchangeDef
 	target int64
 
-	n    int64
-	ok   bool
-	err  error
-	done chan struct{}
+	n       int64
+	ok      bool
+	removed []store.Key // opCancelID: the pending messages it removed
+	err     error
+	done    chan struct{}
 }
 
 func (r *request) weight() int {

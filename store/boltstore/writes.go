@@ -9,31 +9,23 @@ import (
 	"github.com/delayproxy/delayproxy/store"
 )
 
-// Put stores msgs durably: it returns nil only after the commit holding
-// them has been fsync'd (unless Options.NoSync). It sets each message's Key
-// (from Due, Priority and a new sequence) and Incarnation (from the
-// registry) before queueing; the caller must not touch msgs until Put
-// returns. Concurrent Puts share commits: one writer goroutine commits
+// Put implements store.Store: it returns nil only after the commit holding
+// msgs has been fsync'd (unless Options.NoSync). Its registry check is one
+// lookup of each message's incarnation among the live ones, copying
+// nothing. Concurrent Puts share commits: one writer goroutine commits
 // together every request that arrived while the previous commit was in
-// flight, and a caller waits only for the commit holding its messages.
-//
-// When ctx ends before the commit, Put returns ctx.Err() and says nothing
-// about durability: the messages may or may not be stored. Any other error
-// (unknown exchange, invalid message, disk full, I/O error, closed store)
-// means none of msgs was stored.
+// flight, and a caller waits only for the commit holding its messages. Due
+// times must lie in [0, 2^62).
 func (s *Store) Put(ctx context.Context, msgs ...*store.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	items := make([]putItem, len(msgs))
 	s.mu.RLock()
-	for i, m := range msgs {
-		d, ok := s.exchanges[exKey{m.VHost, m.Exchange}]
-		if !ok {
+	for _, m := range msgs {
+		if k, ok := s.liveInc[m.Incarnation]; !ok || k.vhost != m.VHost || k.name != m.Exchange {
 			s.mu.RUnlock()
-			return fmt.Errorf("%w: %q in vhost %q", store.ErrUnknownExchange, m.Exchange, m.VHost)
+			return fmt.Errorf("%w: %q in vhost %q (incarnation %d)", store.ErrUnknownExchange, m.Exchange, m.VHost, m.Incarnation)
 		}
-		items[i].inc = d.Incarnation
 	}
 	s.mu.RUnlock()
 	for _, m := range msgs {
@@ -41,9 +33,10 @@ func (s *Store) Put(ctx context.Context, msgs ...*store.Message) error {
 			return fmt.Errorf("%w: due time %d ms out of range", store.ErrInvalidMessage, m.Due)
 		}
 	}
+	items := make([]putItem, len(msgs))
 	seq := s.nextSeq.Add(uint64(len(msgs))) - uint64(len(msgs))
 	for i, m := range msgs {
-		m.Incarnation = items[i].inc
+		items[i].inc = m.Incarnation
 		m.Key = store.MakeKey(m.Due, m.Priority, seq+uint64(i))
 		v := encodeMessage(m)
 		if int64(len(v)) > bolt.MaxValueSize {
@@ -69,13 +62,14 @@ func (s *Store) Delete(ctx context.Context, keys ...store.Key) error {
 	return s.do(ctx, &request{kind: opDelete, keys: append([]store.Key(nil), keys...)})
 }
 
-// Cancel removes every stored message of the exchange with that message-id
-// (found through the ids index) and returns how many of them were pending
-// (stale ones are removed too but not counted).
-func (s *Store) Cancel(ctx context.Context, vhost, exchange, messageID string) (int, error) {
+// Cancel implements store.Store; it finds the messages through the ids
+// index.
+func (s *Store) Cancel(ctx context.Context, vhost, exchange, messageID string) ([]store.Key, error) {
 	r := &request{kind: opCancelID, vhost: vhost, name: exchange, id: messageID}
-	err := s.do(ctx, r)
-	return int(r.n), err
+	if err := s.do(ctx, r); err != nil {
+		return nil, err
+	}
+	return r.removed, nil
 }
 
 // CancelKey removes one message and reports whether it was pending.
