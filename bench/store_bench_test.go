@@ -122,6 +122,7 @@ func benchStorePutWith(b *testing.B, layout storeLayout, pending, writers int, o
 		b.Fatal(err)
 	}
 	defer s.Close()
+	bench, _ := s.Exchange("/", "bench")
 	body := make([]byte, storeBodyLen)
 	ctx := context.Background()
 	before := s.Stats()
@@ -142,7 +143,7 @@ func benchStorePutWith(b *testing.B, layout storeLayout, pending, writers int, o
 				}
 				delay := r.Int64N(spread)
 				m := &store.Message{VHost: "/", Exchange: "bench", RoutingKey: "rk", Body: body,
-					Due: storeBase + storeHorizon + delay, Delay: max(delay, 1)}
+					Due: storeBase + storeHorizon + delay, Delay: max(delay, 1), Incarnation: bench.Incarnation}
 				if withID {
 					m.MessageID = fmt.Sprintf("id-%d-%d", w, i)
 				}
@@ -311,8 +312,8 @@ func prefilledStoreFile(b *testing.B, layout storeLayout, pending int) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	// v3: bump when the store's layout, its defaults or this prefill change.
-	path := filepath.Join(dir, fmt.Sprintf("store-v3-%s-pending%d-body%d-spread%d.db", layout.name, pending, storeBodyLen, storeSpread))
+	// v4: bump when the store's layout, its defaults or this prefill change.
+	path := filepath.Join(dir, fmt.Sprintf("store-v4-%s-pending%d-body%d-spread%d.db", layout.name, pending, storeBodyLen, storeSpread))
 	if _, err := os.Stat(path); err == nil {
 		return path
 	}
@@ -328,7 +329,8 @@ func prefilledStoreFile(b *testing.B, layout storeLayout, pending int) string {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := s.PutExchange(ctx, &store.ExchangeDef{VHost: "/", Name: "bench", DelayedType: "direct", Durable: true}); err != nil {
+	bench := &store.ExchangeDef{VHost: "/", Name: "bench", DelayedType: "direct", Durable: true}
+	if err := s.PutExchange(ctx, bench); err != nil {
 		b.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(42, uint64(pending)))
@@ -339,7 +341,7 @@ func prefilledStoreFile(b *testing.B, layout storeLayout, pending int) string {
 		for i := range msgs {
 			delay := r.Int64N(storeSpread)
 			msgs[i] = &store.Message{VHost: "/", Exchange: "bench", RoutingKey: "rk", Body: body,
-				Due: storeBase + delay, Delay: max(delay, 1), Priority: uint8(r.IntN(4))}
+				Due: storeBase + delay, Delay: max(delay, 1), Priority: uint8(r.IntN(4)), Incarnation: bench.Incarnation}
 		}
 		if err := s.Put(ctx, msgs...); err != nil {
 			b.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/store"
 	"github.com/delayproxy/delayproxy/store/boltstore"
 )
@@ -147,20 +148,10 @@ func newHarness(t *testing.T, opts Options) *harness {
 	return h
 }
 
-// open opens the store and registers its integrity check and close.
+// open opens the store, checked and closed at cleanup.
 func (h *harness) open() {
 	h.t.Helper()
-	st, err := boltstore.Open(h.path, boltstore.Options{NoSync: true})
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	h.st = st
-	h.t.Cleanup(func() {
-		if err := st.Check(); err != nil && !errors.Is(err, store.ErrClosed) {
-			h.t.Errorf("store check: %v", err)
-		}
-		st.Close()
-	})
+	h.st = teststore.Open(h.t, h.path, boltstore.Options{NoSync: true})
 }
 
 // start runs a new Scheduler over the store; it is stopped at cleanup.
@@ -252,12 +243,18 @@ func (h *harness) advance(d time.Duration) snapshot {
 	return h.settle()
 }
 
+// incarnation is the live incarnation of dx, which a Put names.
+func (h *harness) incarnation() uint64 {
+	d, _ := h.st.Exchange("/", "dx")
+	return d.Incarnation
+}
+
 // put stores a message due at t0+dueMs and tells the scheduler (when it runs).
 func (h *harness) put(id string, dueMs int64, prio uint8) *store.Message {
 	h.t.Helper()
 	m := &store.Message{
 		VHost: "/", Exchange: "dx", RoutingKey: "rk", Body: []byte(id),
-		Due: t0 + dueMs, Delay: max(dueMs, 1), Priority: prio, MessageID: id,
+		Due: t0 + dueMs, Delay: max(dueMs, 1), Priority: prio, MessageID: id, Incarnation: h.incarnation(),
 	}
 	if err := h.st.Put(context.Background(), m); err != nil {
 		h.t.Fatal(err)
@@ -629,7 +626,7 @@ func TestAddedRacesLoader(t *testing.T) {
 			for i := range each {
 				m := &store.Message{
 					VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 100 + int64(i*7%50),
-					Delay: 100, Priority: uint8(i % 3), MessageID: fmt.Sprintf("p%d-%03d", p, i),
+					Delay: 100, Priority: uint8(i % 3), MessageID: fmt.Sprintf("p%d-%03d", p, i), Incarnation: h.incarnation(),
 				}
 				if err := h.st.Put(context.Background(), m); err != nil {
 					t.Error(err)
@@ -666,7 +663,7 @@ func TestLateAddedIsNotDuplicated(t *testing.T) {
 	h.settle()
 	var msgs []*store.Message
 	for i := range 6 {
-		m := &store.Message{VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 150 + int64(i), Delay: 150, MessageID: fmt.Sprint(i)}
+		m := &store.Message{VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 150 + int64(i), Delay: 150, MessageID: fmt.Sprint(i), Incarnation: h.incarnation()}
 		if err := h.st.Put(context.Background(), m); err != nil {
 			t.Fatal(err)
 		}
@@ -755,7 +752,7 @@ func TestInboxOverflowFallsBackToDisk(t *testing.T) {
 	h.s.mu.Unlock()
 	var msgs []*store.Message
 	for i := range 10 {
-		m := &store.Message{VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 500 - int64(i), Delay: 500, MessageID: fmt.Sprint(i)}
+		m := &store.Message{VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 500 - int64(i), Delay: 500, MessageID: fmt.Sprint(i), Incarnation: h.incarnation()}
 		msgs = append(msgs, m)
 	}
 	if err := h.st.Put(context.Background(), msgs...); err != nil {
