@@ -8,6 +8,26 @@ import (
 	"github.com/delayproxy/delayproxy/store"
 )
 
+// A message's due time and priority live in its key. The value (version 1):
+//
+//	 0     1       2                  10
+//	+-----+-------+------------------+-----------+
+//	| ver | flags | incarnation BE   | delay     |  flags: 1 mandatory,
+//	| =1  |       | (8 B)            | (varint)  |         2 has message-id
+//	+-----+-------+------------------+-----------+
+//	| uvarint len + vhost            |
+//	| uvarint len + exchange         |
+//	| uvarint len + routing key      |
+//	| uvarint len + message-id       |
+//	| uvarint len + properties       |  raw content-header property flags
+//	|                                |  and list, byte-exact
+//	| body (rest of the value)       |
+//	+--------------------------------+
+//
+// An exchange definition: ver (1), flags (1: durable, 2: auto-delete,
+// 4: internal), incarnation (8 B BE), uvarint len + x-delayed-type, then the
+// raw argument table as the rest of the value.
+
 // Encoding versions. A decoder refuses versions it does not know.
 const (
 	msgVersion = 1

@@ -17,6 +17,35 @@ const (
 	maxDue = int64(1) << 62
 )
 
+// The file's top-level buckets:
+//
+//	slots      slot index (due / SlotWidth, 8 B BE) -> nested bucket:
+//	               stored key (17 B) -> encoded message   messages due before W
+//	far        far index (due / FarWidth, 8 B BE) -> nested bucket:
+//	               stored key (17 B) -> encoded message   messages due at or after W
+//	released   slot index (8 B BE) -> nested bucket:
+//	               Key (17 B) -> 0x01                     released messages of that slot
+//	ids        uvarint len, vhost, uvarint len, exchange,
+//	           uvarint len, message-id, Key -> (empty)    pending messages with a message-id
+//	exchanges  uvarint len, vhost, name -> encoded ExchangeDef
+//	meta       magic, version, slot-ms, far-ms, seq (next sequence),
+//	           incarnation (last one handed out), watermark W (ms),
+//	           counts: nested bucket incarnation (8 B BE) -> stored messages (8 B BE)
+//	           tally:  nested bucket hour (8 B BE) -> 60 uvarint counts (tally.go)
+//
+// A message is stored under its Key reordered sequence first (storedKey),
+// so that every bucket is appended to in publish order:
+//
+//	 0              8              16     17
+//	+--------------+--------------+------+
+//	| sequence BE  | due ms BE    | 255- |
+//	|              |              | prio |
+//	+--------------+--------------+------+
+//
+// A far bucket is deleted once W passes its end; until then its entries
+// below W are copies of messages already in slots, which every reader
+// ignores. A message in a far bucket (cancelled before its cascade) is
+// deleted in place.
 var (
 	bucketMeta      = []byte("meta")
 	bucketCounts    = []byte("counts") // nested in meta

@@ -17,6 +17,11 @@ type exKey struct{ vhost, name string }
 
 // Store is a durable timing wheel of delayed messages in one bbolt file.
 // All methods are safe for concurrent use.
+//
+// Counts are kept per incarnation, in memory and in meta within the
+// transaction of the change, so that deleting a stale message decrements
+// its stale incarnation, never the live one: Pending is the sum over live
+// incarnations, Stats().Stale the sum over the others.
 type Store struct {
 	db       *bolt.DB
 	path     string
