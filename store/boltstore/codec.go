@@ -46,7 +46,7 @@ const (
 var errCorrupt = errors.New("store: corrupt value")
 
 // encodeMessage encodes everything of m except Due and Priority, which live
-// in the key. See the package doc for the layout.
+// in the key. The layout is at the top of this file.
 func encodeMessage(m *store.Message) []byte {
 	n := msgHeaderSize + binary.MaxVarintLen64 +
 		5*binary.MaxVarintLen32 + len(m.VHost) + len(m.Exchange) + len(m.RoutingKey) +

@@ -9,6 +9,28 @@ import (
 	"github.com/delayproxy/delayproxy/store"
 )
 
+// NextDue is the earliest due time of any stored message (stale ones
+// included). Usually it reads the first slot (one slot width of
+// messages); when every message lies beyond the watermark it asks the
+// writer, which keeps the earliest far due cached (a scan of one far bucket
+// when the cache was invalidated). false when nothing is stored or the
+// store is closed.
+func (s *Store) NextDue() (int64, bool) {
+	var due int64
+	var ok bool
+	if err := s.view(func(tx *bolt.Tx) error {
+		due, ok = s.firstSlotDue(tx)
+		return nil
+	}); err != nil || ok {
+		return due, ok
+	}
+	r := &request{kind: opNextDue}
+	if err := s.do(context.Background(), r); err != nil {
+		return 0, false
+	}
+	return r.n, r.ok
+}
+
 // nextDueExact computes the earliest due over slots and far buckets. It runs
 // in the writer between commits, so the two halves see the same state.
 func (s *Store) nextDueExact() (int64, bool, error) {
@@ -59,26 +81,4 @@ func farMinimum(tx *bolt.Tx, w, farMs int64) int64 {
 		}
 	}
 	return math.MaxInt64
-}
-
-// NextDue is the earliest due time of any stored message (stale ones
-// included). Usually it reads the first slot (one slot width of
-// messages); when every message lies beyond the watermark it asks the
-// writer, which keeps the earliest far due cached (a scan of one far bucket
-// when the cache was invalidated). false when nothing is stored or the
-// store is closed.
-func (s *Store) NextDue() (int64, bool) {
-	var due int64
-	var ok bool
-	if err := s.view(func(tx *bolt.Tx) error {
-		due, ok = s.firstSlotDue(tx)
-		return nil
-	}); err != nil || ok {
-		return due, ok
-	}
-	r := &request{kind: opNextDue}
-	if err := s.do(context.Background(), r); err != nil {
-		return 0, false
-	}
-	return r.n, r.ok
 }
