@@ -101,12 +101,13 @@ type Store interface {
 	// ErrUnknownExchange.
 	List(vhost, exchange string, after Key, limit int, withBody bool) ([]*Message, error)
 	// Cancel removes every stored message of the exchange with that
-	// message-id and returns the keys of those that were pending, so that
-	// the caller can drop them from the scheduler's wheel (stale ones with
-	// that id are removed too, not returned: the scheduler finds them gone
-	// at their turn). An unknown id or exchange removes nothing.
+	// message-id, stale ones included, and returns the keys of those that
+	// were pending, so that the caller can drop them from the scheduler's
+	// wheel (the scheduler finds the stale ones gone at their turn). An
+	// unknown id, or an exchange not registered, is no error.
 	Cancel(ctx context.Context, vhost, exchange, messageID string) ([]Key, error)
-	// CancelKey removes one message and reports whether it was pending.
+	// CancelKey removes one message, stale or not, and reports whether it
+	// was pending.
 	CancelKey(ctx context.Context, key Key) (bool, error)
 	// CancelExchange discards every pending message of an exchange and
 	// keeps the exchange, in O(1): the exchange gets a new incarnation, its
