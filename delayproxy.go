@@ -18,6 +18,7 @@ import (
 	"github.com/delayproxy/delayproxy/metrics"
 	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 )
 
 // Proxy is one delayproxy instance: the AMQP listener, the delay engine
@@ -69,7 +70,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		return err
 	}
 	m := metrics.New()
-	st, err := store.Open(path, store.Options{OnCommit: m.Commit})
+	st, err := boltstore.Open(path, boltstore.Options{Metrics: m})
 	if err != nil {
 		return fmt.Errorf("open store %s: %w", path, err)
 	}

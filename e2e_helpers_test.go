@@ -23,7 +23,7 @@ import (
 
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/scheduler"
-	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 )
 
 // amqp091-go ends every goroutine it starts once a connection is closed, so
@@ -140,7 +140,7 @@ func (c *testClock) at(t time.Time) time.Time {
 // checkStore opens a stopped proxy's store and runs its integrity check.
 func checkStore(t testing.TB, path string) {
 	t.Helper()
-	st, err := store.Open(path, store.Options{})
+	st, err := boltstore.Open(path, boltstore.Options{})
 	if err != nil {
 		t.Errorf("reopen store for its check: %v", err)
 		return

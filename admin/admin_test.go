@@ -16,8 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/metrics"
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
+	"github.com/delayproxy/delayproxy/store/storetest"
 	"go.uber.org/goleak"
 )
 
@@ -27,7 +30,7 @@ const testToken = "test-token-0123456789"
 
 // fixture is a server over a real store in a temp dir.
 type fixture struct {
-	st   *store.Store
+	st   *boltstore.Store
 	m    *metrics.Metrics
 	srv  *Server
 	http *httptest.Server
@@ -40,18 +43,7 @@ type fixture struct {
 func newFixture(t *testing.T, token string, ready func(context.Context) error) *fixture {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "delayproxy.db")
-	st, err := store.Open(path, store.Options{NoSync: true})
-	if err != nil {
-		t.Fatalf("store.Open: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := st.Check(); err != nil {
-			t.Errorf("store check: %v", err)
-		}
-		if err := st.Close(); err != nil {
-			t.Errorf("store close: %v", err)
-		}
-	})
+	st := teststore.Open(t, path, boltstore.Options{NoSync: true})
 	ctx := context.Background()
 	for _, def := range []store.ExchangeDef{
 		{VHost: "/", Name: "orders", DelayedType: "direct", Durable: true},
@@ -72,9 +64,7 @@ func newFixture(t *testing.T, token string, ready func(context.Context) error) *
 		})
 	}
 	msgs = append(msgs, &store.Message{VHost: "prod", Exchange: "mail/x", Body: []byte("m"), Due: due + 500, Delay: 1})
-	if err := st.Put(ctx, msgs...); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	storetest.Put(t, st, msgs...)
 	m := metrics.New()
 	if err := m.RegisterStore(st, path); err != nil {
 		t.Fatal(err)
@@ -448,7 +438,7 @@ func TestMetricsEndpoint(t *testing.T) {
 }
 
 func TestNewRefusesPublicAddressWithoutToken(t *testing.T) {
-	st := openStore(t)
+	st := teststore.Open(t, "", boltstore.Options{NoSync: true})
 	m := metrics.New()
 	for _, tt := range []struct {
 		addr, token string
@@ -477,7 +467,7 @@ func TestNewRefusesPublicAddressWithoutToken(t *testing.T) {
 }
 
 func TestStartProbeShutdown(t *testing.T) {
-	st := openStore(t)
+	st := teststore.Open(t, "", boltstore.Options{NoSync: true})
 	srv, err := New(Options{Addr: "127.0.0.1:0", Engine: st, Metrics: metrics.New()})
 	if err != nil {
 		t.Fatal(err)
@@ -533,23 +523,6 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
-func openStore(t *testing.T) *store.Store {
-	t.Helper()
-	st, err := store.Open(filepath.Join(t.TempDir(), "delayproxy.db"), store.Options{NoSync: true})
-	if err != nil {
-		t.Fatalf("store.Open: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := st.Check(); err != nil {
-			t.Errorf("store check: %v", err)
-		}
-		if err := st.Close(); err != nil {
-			t.Errorf("store close: %v", err)
-		}
-	})
-	return st
-}
-
 func TestPathEscaping(t *testing.T) {
 	f := newFixture(t, "", nil)
 	ctx := context.Background()
@@ -557,7 +530,7 @@ func TestPathEscaping(t *testing.T) {
 	if err := f.st.PutExchange(ctx, &def); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.st.Put(ctx, &store.Message{VHost: def.VHost, Exchange: def.Name, Body: []byte("x"), Due: f.due, Delay: 1, MessageID: "id/with%slash"}); err != nil {
+	if err := f.st.Put(ctx, &store.Message{VHost: def.VHost, Exchange: def.Name, Body: []byte("x"), Due: f.due, Delay: 1, MessageID: "id/with%slash", Incarnation: def.Incarnation}); err != nil {
 		t.Fatal(err)
 	}
 	base := "/api/exchanges/" + url.PathEscape(def.VHost) + "/" + url.PathEscape(def.Name)

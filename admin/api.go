@@ -219,11 +219,12 @@ func (s *Server) cancelID(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := pathValue(r, "id")
-	n, err := s.opts.Engine.Cancel(r.Context(), def.VHost, def.Name, id)
+	keys, err := s.opts.Engine.Cancel(r.Context(), def.VHost, def.Name, id)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
 	}
+	n := len(keys)
 	if n == 0 {
 		writeError(w, http.StatusNotFound, "no pending message with message-id %q in delayed exchange %q of vhost %q", id, def.Name, def.VHost)
 		return

@@ -37,7 +37,7 @@ const (
 	readyTimeout      = 3 * time.Second
 )
 
-// Engine is what the admin API reads and cancels. *store.Store implements
+// Engine is what the admin API reads and cancels. *boltstore.Store implements
 // it, but the application must pass a wrapper over store and scheduler: a
 // cancelled message may already sit in the scheduler's in-memory wheel, and
 // the Engine guarantees it is never released once a Cancel method has
@@ -54,8 +54,8 @@ type Engine interface {
 	// starting after the key after (the zero Key starts at the beginning).
 	List(vhost, exchange string, after store.Key, limit int, withBody bool) ([]*store.Message, error)
 	// Cancel removes every pending message of the exchange with that
-	// message-id and returns how many it removed.
-	Cancel(ctx context.Context, vhost, exchange, messageID string) (int, error)
+	// message-id and returns the keys it removed.
+	Cancel(ctx context.Context, vhost, exchange, messageID string) ([]store.Key, error)
 	// Get reads messages by key; nil entries for keys not stored.
 	Get(keys []store.Key) ([]*store.Message, error)
 	// CancelKey removes one pending message; false if it was not pending.

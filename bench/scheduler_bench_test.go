@@ -11,6 +11,7 @@ import (
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 )
 
 // confirmAll is a Releaser that confirms everything and counts it.
@@ -54,12 +55,12 @@ func (r *confirmAll) waitFor(n int) {
 }
 
 // runScheduler starts a scheduler over st; stop ends it and checks Run.
-func runScheduler(b *testing.B, st *store.Store, r scheduler.Releaser, clk scheduler.Clock) (stop func()) {
+func runScheduler(b *testing.B, st *boltstore.Store, r scheduler.Releaser, clk scheduler.Clock) (stop func()) {
 	return runSchedulerWith(b, st, r, scheduler.Options{Clock: clk})
 }
 
 // runSchedulerWith is runScheduler with options.
-func runSchedulerWith(b *testing.B, st *store.Store, r scheduler.Releaser, opts scheduler.Options) (stop func()) {
+func runSchedulerWith(b *testing.B, st *boltstore.Store, r scheduler.Releaser, opts scheduler.Options) (stop func()) {
 	opts.Logger = slog.New(slog.DiscardHandler)
 	s := scheduler.New(st, r, opts)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -94,7 +95,7 @@ func benchMemory(b *testing.B, pending int) {
 		path := prefilledCopy(b, defaultLayout, pending) // shared with the store benchmarks
 		before := crashtest.LiveHeap()
 		b.StartTimer()
-		st, err := store.Open(path, store.Options{NoSync: true})
+		st, err := boltstore.Open(path, boltstore.Options{NoSync: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -131,7 +132,7 @@ func benchMemory(b *testing.B, pending int) {
 	b.ReportMetric(released/float64(b.N), "released/minute")
 }
 
-// BenchmarkScheduler_ReopenToFirstRelease5M times store.Open to the first
+// BenchmarkScheduler_ReopenToFirstRelease5M times boltstore.Open to the first
 // Release call with 5M pending messages, the clock a minute past the first
 // due times (so a few thousand are overdue). Target: under 1 s (invariant 6).
 // ms-after-open is the scheduler's share: from Open returning to the first
@@ -155,7 +156,7 @@ func benchReopen(b *testing.B, pending int, down time.Duration) {
 		clk := scheduler.NewManualClock(time.UnixMilli(storeBase + int64(i+1)*60_000).Add(down))
 		rel := newConfirmAll()
 		began := time.Now()
-		st, err := store.Open(path, store.Options{NoSync: true})
+		st, err := boltstore.Open(path, boltstore.Options{NoSync: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -194,7 +195,7 @@ func benchDrain(b *testing.B, pending int, opts scheduler.Options) {
 	for range b.N {
 		b.StopTimer()
 		path := prefilledCopy(b, defaultLayout, pending)
-		st, err := store.Open(path, store.Options{NoSync: true})
+		st, err := boltstore.Open(path, boltstore.Options{NoSync: true})
 		if err != nil {
 			b.Fatal(err)
 		}

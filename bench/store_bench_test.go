@@ -15,6 +15,7 @@ import (
 
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -40,7 +41,7 @@ const (
 // storeLayout names a file layout; the zero value is the default one.
 type storeLayout struct {
 	name string
-	opts store.Options
+	opts boltstore.Options
 }
 
 var defaultLayout = storeLayout{name: "default"}
@@ -57,7 +58,7 @@ func BenchmarkStorePut_Parallel256(b *testing.B) { benchStorePutPending(b, 256) 
 func benchStorePutPending(b *testing.B, writers int) {
 	for _, pending := range []int{1_000_000, 5_000_000} {
 		b.Run(fmt.Sprintf("Pending%dM", pending/1_000_000), func(b *testing.B) {
-			benchStorePut(b, defaultLayout, pending, writers, store.Options{})
+			benchStorePut(b, defaultLayout, pending, writers, boltstore.Options{})
 		})
 	}
 }
@@ -70,13 +71,13 @@ func benchStorePutPending(b *testing.B, writers int) {
 func BenchmarkStorePut_Layouts(b *testing.B) {
 	for _, tc := range []struct {
 		layout storeLayout
-		opts   store.Options
+		opts   boltstore.Options
 	}{
-		{defaultLayout, store.Options{}},
-		{storeLayout{name: "syncfreelist"}, store.Options{SyncFreelist: true}},
-		{storeLayout{name: "far1s", opts: store.Options{FarWidth: time.Second}}, store.Options{}},
-		{storeLayout{name: "far1h", opts: store.Options{FarWidth: time.Hour}}, store.Options{}},
-		{storeLayout{name: "far4h", opts: store.Options{FarWidth: 4 * time.Hour}}, store.Options{}},
+		{defaultLayout, boltstore.Options{}},
+		{storeLayout{name: "syncfreelist"}, boltstore.Options{SyncFreelist: true}},
+		{storeLayout{name: "far1s", opts: boltstore.Options{FarWidth: time.Second}}, boltstore.Options{}},
+		{storeLayout{name: "far1h", opts: boltstore.Options{FarWidth: time.Hour}}, boltstore.Options{}},
+		{storeLayout{name: "far4h", opts: boltstore.Options{FarWidth: 4 * time.Hour}}, boltstore.Options{}},
 	} {
 		b.Run(tc.layout.name, func(b *testing.B) {
 			benchStorePut(b, tc.layout, 1_000_000, 256, tc.opts)
@@ -87,7 +88,7 @@ func BenchmarkStorePut_Layouts(b *testing.B) {
 // BenchmarkStorePut_MessageID is Put with a message-id on every message (an
 // entry in the ids index: a random insert), 256 writers, 1M pending.
 func BenchmarkStorePut_MessageID(b *testing.B) {
-	benchStorePutWith(b, defaultLayout, 1_000_000, 256, store.Options{}, true, storeSpread)
+	benchStorePutWith(b, defaultLayout, 1_000_000, 256, boltstore.Options{}, true, storeSpread)
 }
 
 // BenchmarkStorePut_ShortDelays is Put with delays over 0-60 s (all behind
@@ -97,30 +98,31 @@ func BenchmarkStorePut_MessageID(b *testing.B) {
 func BenchmarkStorePut_ShortDelays(b *testing.B) {
 	for _, layout := range []storeLayout{
 		{name: "Slot1s"},
-		{name: "Slot5s", opts: store.Options{SlotWidth: 5 * time.Second}},
-		{name: "Slot10s", opts: store.Options{SlotWidth: 10 * time.Second}},
+		{name: "Slot5s", opts: boltstore.Options{SlotWidth: 5 * time.Second}},
+		{name: "Slot10s", opts: boltstore.Options{SlotWidth: 10 * time.Second}},
 	} {
 		b.Run(layout.name, func(b *testing.B) {
 			if layout.name == "Slot1s" {
 				layout = defaultLayout
 			}
-			benchStorePutWith(b, layout, 1_000_000, 256, store.Options{}, false, 60_000)
+			benchStorePutWith(b, layout, 1_000_000, 256, boltstore.Options{}, false, 60_000)
 		})
 	}
 }
 
-func benchStorePut(b *testing.B, layout storeLayout, pending, writers int, opts store.Options) {
+func benchStorePut(b *testing.B, layout storeLayout, pending, writers int, opts boltstore.Options) {
 	benchStorePutWith(b, layout, pending, writers, opts, false, storeSpread)
 }
 
-func benchStorePutWith(b *testing.B, layout storeLayout, pending, writers int, opts store.Options, withID bool, spread int64) {
+func benchStorePutWith(b *testing.B, layout storeLayout, pending, writers int, opts boltstore.Options, withID bool, spread int64) {
 	path := prefilledCopy(b, layout, pending)
 	opts.FarWidth, opts.SlotWidth = layout.opts.FarWidth, layout.opts.SlotWidth
-	s, err := store.Open(path, opts)
+	s, err := boltstore.Open(path, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
+	bench, _ := s.Exchange("/", "bench")
 	body := make([]byte, storeBodyLen)
 	ctx := context.Background()
 	before := s.Stats()
@@ -141,7 +143,7 @@ func benchStorePutWith(b *testing.B, layout storeLayout, pending, writers int, o
 				}
 				delay := r.Int64N(spread)
 				m := &store.Message{VHost: "/", Exchange: "bench", RoutingKey: "rk", Body: body,
-					Due: storeBase + storeHorizon + delay, Delay: max(delay, 1)}
+					Due: storeBase + storeHorizon + delay, Delay: max(delay, 1), Incarnation: bench.Incarnation}
 				if withID {
 					m.MessageID = fmt.Sprintf("id-%d-%d", w, i)
 				}
@@ -200,7 +202,7 @@ func benchStoreReopen(b *testing.B, pending int, crash bool) {
 		}
 		heapBefore := crashtest.LiveHeap()
 		b.StartTimer()
-		s, err := store.Open(path, store.Options{})
+		s, err := boltstore.Open(path, boltstore.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -310,8 +312,8 @@ func prefilledStoreFile(b *testing.B, layout storeLayout, pending int) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	// v3: bump when the store's layout, its defaults or this prefill change.
-	path := filepath.Join(dir, fmt.Sprintf("store-v3-%s-pending%d-body%d-spread%d.db", layout.name, pending, storeBodyLen, storeSpread))
+	// v4: bump when the store's layout, its defaults or this prefill change.
+	path := filepath.Join(dir, fmt.Sprintf("store-v4-%s-pending%d-body%d-spread%d.db", layout.name, pending, storeBodyLen, storeSpread))
 	if _, err := os.Stat(path); err == nil {
 		return path
 	}
@@ -322,12 +324,13 @@ func prefilledStoreFile(b *testing.B, layout storeLayout, pending int) string {
 	defer os.Remove(tmp)
 	opts := layout.opts
 	opts.NoSync = true
-	s, err := store.Open(tmp, opts)
+	s, err := boltstore.Open(tmp, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := s.PutExchange(ctx, &store.ExchangeDef{VHost: "/", Name: "bench", DelayedType: "direct", Durable: true}); err != nil {
+	bench := &store.ExchangeDef{VHost: "/", Name: "bench", DelayedType: "direct", Durable: true}
+	if err := s.PutExchange(ctx, bench); err != nil {
 		b.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(42, uint64(pending)))
@@ -338,7 +341,7 @@ func prefilledStoreFile(b *testing.B, layout storeLayout, pending int) string {
 		for i := range msgs {
 			delay := r.Int64N(storeSpread)
 			msgs[i] = &store.Message{VHost: "/", Exchange: "bench", RoutingKey: "rk", Body: body,
-				Due: storeBase + delay, Delay: max(delay, 1), Priority: uint8(r.IntN(4))}
+				Due: storeBase + delay, Delay: max(delay, 1), Priority: uint8(r.IntN(4)), Incarnation: bench.Incarnation}
 		}
 		if err := s.Put(ctx, msgs...); err != nil {
 			b.Fatal(err)

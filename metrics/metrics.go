@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -301,7 +302,7 @@ func (m *Metrics) UpstreamReconnect() {
 	m.upstreamReconnects.Inc()
 }
 
-// Commit records one store group commit; pass it as store.Options.OnCommit.
+// Commit records one store group commit: *Metrics is a boltstore.Metrics.
 // Failed commits are counted from Stats, not here.
 func (m *Metrics) Commit(ci store.CommitInfo) {
 	if m == nil || ci.Err != nil {
@@ -311,7 +312,7 @@ func (m *Metrics) Commit(ci store.CommitInfo) {
 	m.commitBatch.Observe(float64(ci.Messages + ci.Deletes))
 }
 
-// Store is what the scrape-time store collector reads; *store.Store has it.
+// Store is what the scrape-time store collector reads; *boltstore.Store has it.
 // Every method is cheap: in-memory counters or one cursor seek.
 type Store interface {
 	// Exchanges lists the registered delayed exchanges.
@@ -321,7 +322,7 @@ type Store interface {
 	// NextDue is the earliest due time of any stored message.
 	NextDue() (int64, bool)
 	// Stats returns the cumulative counters of the store.
-	Stats() store.Stats
+	Stats() boltstore.Stats
 }
 
 // RegisterStore adds collectors that read s at scrape time: pending messages

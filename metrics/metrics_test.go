@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
+	"github.com/delayproxy/delayproxy/store/storetest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 )
@@ -168,27 +171,9 @@ func TestLint(t *testing.T) {
 	}
 }
 
-// openStore opens a real store in a temp dir, checked and closed at cleanup.
-func openStore(t *testing.T) (*store.Store, string) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "delayproxy.db")
-	s, err := store.Open(path, store.Options{NoSync: true})
-	if err != nil {
-		t.Fatalf("store.Open: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Check(); err != nil {
-			t.Errorf("store check: %v", err)
-		}
-		if err := s.Close(); err != nil {
-			t.Errorf("store close: %v", err)
-		}
-	})
-	return s, path
-}
-
 func TestStoreCollector(t *testing.T) {
-	s, path := openStore(t)
+	path := filepath.Join(t.TempDir(), "delayproxy.db")
+	s := teststore.Open(t, path, boltstore.Options{NoSync: true})
 	ctx := context.Background()
 	for _, ex := range []store.ExchangeDef{
 		{VHost: "/", Name: "orders", DelayedType: "direct", Durable: true},
@@ -204,9 +189,7 @@ func TestStoreCollector(t *testing.T) {
 		msgs = append(msgs, &store.Message{VHost: "/", Exchange: "orders", RoutingKey: "rk", Body: []byte("x"), Due: due + int64(i), Delay: 3600_000})
 	}
 	msgs = append(msgs, &store.Message{VHost: "prod", Exchange: "mail", Body: []byte("y"), Due: due + 5000, Delay: 3605_000})
-	if err := s.Put(ctx, msgs...); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	storetest.Put(t, s, msgs...)
 
 	m := New()
 	if err := m.RegisterStore(s, path); err != nil {
@@ -271,7 +254,7 @@ func TestHandlerServesNames(t *testing.T) {
 }
 
 func TestStoreCollectorEmpty(t *testing.T) {
-	s, _ := openStore(t)
+	s := teststore.Open(t, "", boltstore.Options{NoSync: true})
 	if err := s.PutExchange(context.Background(), &store.ExchangeDef{VHost: "/", Name: "idle", DelayedType: "direct"}); err != nil {
 		t.Fatal(err)
 	}

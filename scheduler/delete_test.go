@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 )
 
 // failingDeletes is the real store whose first Delete calls fail, as on a
 // full disk.
 type failingDeletes struct {
-	*store.Store
+	*boltstore.Store
 	mu    sync.Mutex // guards fails
 	fails int        // Delete calls still to fail
 }

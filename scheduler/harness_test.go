@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -12,7 +11,9 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -116,7 +117,7 @@ type snapshot struct {
 type harness struct {
 	t       *testing.T
 	path    string
-	st      *store.Store
+	st      *boltstore.Store
 	backend Store // when set, the scheduler's view of st
 	clk     *ManualClock
 	rel     *recorder
@@ -145,20 +146,10 @@ func newHarness(t *testing.T, opts Options) *harness {
 	return h
 }
 
-// open opens the store and registers its integrity check and close.
+// open opens the store, checked and closed at cleanup.
 func (h *harness) open() {
 	h.t.Helper()
-	st, err := store.Open(h.path, store.Options{NoSync: true})
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	h.st = st
-	h.t.Cleanup(func() {
-		if err := st.Check(); err != nil && !errors.Is(err, store.ErrClosed) {
-			h.t.Errorf("store check: %v", err)
-		}
-		st.Close()
-	})
+	h.st = teststore.Open(h.t, h.path, boltstore.Options{NoSync: true})
 }
 
 // start runs a new Scheduler over the store; it is stopped at cleanup.
@@ -252,12 +243,18 @@ func (h *harness) advance(d time.Duration) snapshot {
 	return h.settle()
 }
 
+// incarnation is the live incarnation of dx, which a Put names.
+func (h *harness) incarnation() uint64 {
+	d, _ := h.st.Exchange("/", "dx")
+	return d.Incarnation
+}
+
 // put stores a message due at t0+dueMs and tells the scheduler (when it runs).
 func (h *harness) put(id string, dueMs int64, prio uint8) *store.Message {
 	h.t.Helper()
 	m := &store.Message{
 		VHost: "/", Exchange: "dx", RoutingKey: "rk", Body: []byte(id),
-		Due: t0 + dueMs, Delay: max(dueMs, 1), Priority: prio, MessageID: id,
+		Due: t0 + dueMs, Delay: max(dueMs, 1), Priority: prio, MessageID: id, Incarnation: h.incarnation(),
 	}
 	if err := h.st.Put(context.Background(), m); err != nil {
 		h.t.Fatal(err)

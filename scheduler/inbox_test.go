@@ -49,7 +49,7 @@ func TestAddedRacesLoader(t *testing.T) {
 			for i := range each {
 				m := &store.Message{
 					VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 100 + int64(i*7%50),
-					Delay: 100, Priority: uint8(i % 3), MessageID: fmt.Sprintf("p%d-%03d", p, i),
+					Delay: 100, Priority: uint8(i % 3), MessageID: fmt.Sprintf("p%d-%03d", p, i), Incarnation: h.incarnation(),
 				}
 				if err := h.st.Put(context.Background(), m); err != nil {
 					t.Error(err)
@@ -86,7 +86,7 @@ func TestLateAddedIsNotDuplicated(t *testing.T) {
 	h.settle()
 	var msgs []*store.Message
 	for i := range 6 {
-		m := &store.Message{VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 150 + int64(i), Delay: 150, MessageID: fmt.Sprint(i)}
+		m := &store.Message{VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 150 + int64(i), Delay: 150, MessageID: fmt.Sprint(i), Incarnation: h.incarnation()}
 		if err := h.st.Put(context.Background(), m); err != nil {
 			t.Fatal(err)
 		}
@@ -134,7 +134,7 @@ func TestInboxOverflowFallsBackToDisk(t *testing.T) {
 	h.s.mu.Unlock()
 	var msgs []*store.Message
 	for i := range 10 {
-		m := &store.Message{VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 500 - int64(i), Delay: 500, MessageID: fmt.Sprint(i)}
+		m := &store.Message{VHost: "/", Exchange: "dx", Body: []byte("x"), Due: t0 + 500 - int64(i), Delay: 500, MessageID: fmt.Sprint(i), Incarnation: h.incarnation()}
 		msgs = append(msgs, m)
 	}
 	if err := h.st.Put(context.Background(), msgs...); err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 )
 
 // putBacklog stores n messages due at pseudo-random times over the span ms
@@ -99,7 +100,7 @@ func TestRateLimitedBacklogDrainsByPriority(t *testing.T) {
 
 // scanLog is the real store, recording the ranges the loader asks for.
 type scanLog struct {
-	*store.Store
+	*boltstore.Store
 	mu     sync.Mutex // guards ranges
 	ranges [][2]int64
 }

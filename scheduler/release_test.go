@@ -116,7 +116,7 @@ func TestBurstDrainsByPriority(t *testing.T) {
 			seq := len(msgs) + i
 			batch[i] = &store.Message{
 				VHost: "/", Exchange: "dx", RoutingKey: "rk", Body: []byte("x"),
-				Due: t0 + 500 + int64(seq%5), Delay: 500, Priority: uint8(r.IntN(10)), MessageID: strconv.Itoa(seq),
+				Due: t0 + 500 + int64(seq%5), Delay: 500, Priority: uint8(r.IntN(10)), MessageID: strconv.Itoa(seq), Incarnation: h.incarnation(),
 			}
 		}
 		if err := h.st.Put(context.Background(), batch...); err != nil {

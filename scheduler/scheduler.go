@@ -17,7 +17,7 @@ var (
 	ErrRunning = errors.New("scheduler: Run called twice")
 )
 
-// Store is the part of *store.Store the scheduler uses.
+// Store is the part of store.Store the scheduler uses.
 type Store interface {
 	// ScanKeys calls fn for each key due in [from, until) in key order;
 	// fn returns store.ErrStop to end the scan early.
@@ -33,7 +33,7 @@ type Store interface {
 	NextDue() (int64, bool)
 }
 
-var _ Store = (*store.Store)(nil)
+var _ Store = store.Store(nil)
 
 // Releaser publishes due messages upstream.
 type Releaser interface {

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,7 +18,9 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
 )
 
 // nopScheduler is the Scheduler of a proxy that never releases: these
@@ -34,7 +35,7 @@ func (nopScheduler) Cancelled(...store.Key)  {}
 type relay struct {
 	srv    *amqpproxy.Server
 	icpt   *delayed.Interceptor
-	st     *store.Store
+	st     *boltstore.Store
 	url    string // the proxy's URL with the broker's credentials
 	served chan error
 	once   sync.Once
@@ -43,10 +44,7 @@ type relay struct {
 // startRelay starts a relay; it is closed in t.Cleanup (see relay.close).
 func startRelay(t *testing.T) *relay {
 	t.Helper()
-	st, err := store.Open(filepath.Join(t.TempDir(), "delayed.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := teststore.Open(t, "", boltstore.Options{}) // checked after r.close
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	icpt := delayed.New(delayed.Config{Store: st, Scheduler: nopScheduler{}, Logger: log})
 	srv, err := amqpproxy.New(amqpproxy.Config{Upstream: testbroker.URL(t), Interceptor: icpt, Logger: log})
@@ -68,8 +66,8 @@ func startRelay(t *testing.T) *relay {
 	return r
 }
 
-// close closes the server (if Shutdown did not), waits for the
-// interceptor, checks and closes the store.
+// close closes the server (if Shutdown did not) and waits for the
+// interceptor.
 func (r *relay) close(t *testing.T) {
 	r.once.Do(func() {
 		r.srv.Close()
@@ -77,12 +75,6 @@ func (r *relay) close(t *testing.T) {
 			t.Errorf("Serve: %v", err)
 		}
 		r.icpt.Close()
-		if err := r.st.Check(); err != nil {
-			t.Errorf("store check: %v", err)
-		}
-		if err := r.st.Close(); err != nil {
-			t.Errorf("store close: %v", err)
-		}
 	})
 }
 

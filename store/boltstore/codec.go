@@ -1,10 +1,32 @@
-package store
+package boltstore
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/delayproxy/delayproxy/store"
 )
+
+// A message's due time and priority live in its key. The value (version 1):
+//
+//	 0     1       2                  10
+//	+-----+-------+------------------+-----------+
+//	| ver | flags | incarnation BE   | delay     |  flags: 1 mandatory,
+//	| =1  |       | (8 B)            | (varint)  |         2 has message-id
+//	+-----+-------+------------------+-----------+
+//	| uvarint len + vhost            |
+//	| uvarint len + exchange         |
+//	| uvarint len + routing key      |
+//	| uvarint len + message-id       |
+//	| uvarint len + properties       |  raw content-header property flags
+//	|                                |  and list, byte-exact
+//	| body (rest of the value)       |
+//	+--------------------------------+
+//
+// An exchange definition: ver (1), flags (1: durable, 2: auto-delete,
+// 4: internal), incarnation (8 B BE), uvarint len + x-delayed-type, then the
+// raw argument table as the rest of the value.
 
 // Encoding versions. A decoder refuses versions it does not know.
 const (
@@ -24,8 +46,8 @@ const (
 var errCorrupt = errors.New("store: corrupt value")
 
 // encodeMessage encodes everything of m except Due and Priority, which live
-// in the key. See the package doc for the layout.
-func encodeMessage(m *Message) []byte {
+// in the key. The layout is at the top of this file.
+func encodeMessage(m *store.Message) []byte {
 	n := msgHeaderSize + binary.MaxVarintLen64 +
 		5*binary.MaxVarintLen32 + len(m.VHost) + len(m.Exchange) + len(m.RoutingKey) +
 		len(m.MessageID) + len(m.Properties) + len(m.Body)
@@ -100,12 +122,12 @@ func peekIncarnation(v []byte) uint64 {
 }
 
 // decodeMessage decodes a stored value into a Message that owns its memory.
-func decodeMessage(k Key, v []byte, withBody bool) (*Message, error) {
+func decodeMessage(k store.Key, v []byte, withBody bool) (*store.Message, error) {
 	mv, err := viewMessage(v)
 	if err != nil {
 		return nil, err
 	}
-	m := &Message{
+	m := &store.Message{
 		Key:         k,
 		VHost:       string(mv.vhost),
 		Exchange:    string(mv.exchange),
@@ -165,7 +187,7 @@ func (r *reader) bytes() []byte {
 }
 
 // encodeExchange encodes a registry entry (the key holds vhost and name).
-func encodeExchange(d *ExchangeDef) []byte {
+func encodeExchange(d *store.ExchangeDef) []byte {
 	b := make([]byte, 10, 10+binary.MaxVarintLen32+len(d.DelayedType)+len(d.Arguments))
 	b[0] = defVersion
 	if d.Durable {
@@ -183,8 +205,8 @@ func encodeExchange(d *ExchangeDef) []byte {
 }
 
 // decodeExchange decodes a registry entry.
-func decodeExchange(k, v []byte) (ExchangeDef, error) {
-	var d ExchangeDef
+func decodeExchange(k, v []byte) (store.ExchangeDef, error) {
+	var d store.ExchangeDef
 	r := reader{b: k}
 	vhost := r.bytes()
 	if r.err != nil {
@@ -218,7 +240,7 @@ func exchangeKey(vhost, name string) []byte {
 
 // idPrefix is the ids-index prefix of one message-id of one exchange.
 func idPrefix(vhost, exchange, id []byte) []byte {
-	b := make([]byte, 0, 3*binary.MaxVarintLen32+len(vhost)+len(exchange)+len(id)+KeySize)
+	b := make([]byte, 0, 3*binary.MaxVarintLen32+len(vhost)+len(exchange)+len(id)+store.KeySize)
 	b = binary.AppendUvarint(b, uint64(len(vhost)))
 	b = append(b, vhost...)
 	b = binary.AppendUvarint(b, uint64(len(exchange)))
@@ -228,23 +250,23 @@ func idPrefix(vhost, exchange, id []byte) []byte {
 }
 
 // idKey is the ids-index key of one message.
-func idKey(vhost, exchange, id []byte, k Key) []byte {
+func idKey(vhost, exchange, id []byte, k store.Key) []byte {
 	return append(idPrefix(vhost, exchange, id), k[:]...)
 }
 
 // storedKey is the key a message is stored under, in a slot or a far
 // bucket: the Key reordered so that a bucket is appended to in publish
 // order: sequence (8 B BE), due ms (8 B BE), 255-priority (1 B).
-func storedKey(k Key) []byte {
-	b := make([]byte, KeySize)
+func storedKey(k store.Key) []byte {
+	b := make([]byte, store.KeySize)
 	copy(b[0:8], k[9:17])
 	copy(b[8:17], k[0:9])
 	return b
 }
 
 // keyFromStored is the inverse of storedKey.
-func keyFromStored(f []byte) Key {
-	var k Key
+func keyFromStored(f []byte) store.Key {
+	var k store.Key
 	copy(k[0:9], f[8:17])
 	copy(k[9:17], f[0:8])
 	return k

@@ -1,4 +1,4 @@
-package store
+package boltstore
 
 import (
 	"bytes"
@@ -8,17 +8,18 @@ import (
 	"maps"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/delayproxy/delayproxy/store"
 )
 
 // Check verifies the file (bbolt's page check) and the store's own
 // invariants: every message in the right slot or far bucket, no slot
 // without an unreleased message, every released mark on a message of its
-// slot,
-// no far bucket left behind the watermark, the ids index matching the
-// messages both ways, the counters in meta and in memory equal to what is
-// stored, sequence and incarnation counters ahead of every stored value. It
-// reads the whole file, between two commits: meant for tests and offline
-// checks.
+// slot, no far bucket left behind the watermark, the ids index matching the
+// messages both ways, the counters and the tally in meta and in memory
+// equal to what is stored, sequence and incarnation counters ahead of every
+// stored value. It reads the whole file, between two commits: meant for
+// tests and offline checks.
 func (s *Store) Check() error {
 	return s.do(context.Background(), &request{kind: opCheck})
 }
@@ -50,14 +51,16 @@ func (s *Store) check() error {
 		}
 		ids := tx.Bucket(bucketIDs)
 		counted := map[uint64]int64{}
+		tallied := map[int64]*tallyRow{}
 		withID := 0
-		message := func(where string, k Key, v []byte) {
+		message := func(where string, k store.Key, v []byte) {
 			mv, err := viewMessage(v)
 			if err != nil {
 				add("%s key %x: %v", where, k[:], err)
 				return
 			}
 			counted[mv.incarnation]++
+			countDue(tallied, k.Due())
 			if k.Seq() >= seq {
 				add("%s key %x: sequence %d not below next %d", where, k[:], k.Seq(), seq)
 			}
@@ -81,7 +84,7 @@ func (s *Store) check() error {
 			rb := released.Bucket(sk)
 			n := 0
 			err := slots.Bucket(sk).ForEach(func(f, v []byte) error {
-				if len(f) != KeySize {
+				if len(f) != store.KeySize {
 					add("slot %d: key %x of %d bytes", idx, f, len(f))
 					return nil
 				}
@@ -116,7 +119,7 @@ func (s *Store) check() error {
 				return nil
 			}
 			return released.Bucket(sk).ForEach(func(k, _ []byte) error {
-				if len(k) != KeySize || bk.Get(storedKey(Key(k))) == nil {
+				if len(k) != store.KeySize || bk.Get(storedKey(store.Key(k))) == nil {
 					add("released bucket %d: key %x is not in its slot", idx, k)
 				}
 				return nil
@@ -131,7 +134,7 @@ func (s *Store) check() error {
 				add("far bucket %d lies behind the watermark %d", idx, w)
 			}
 			return far.Bucket(fk).ForEach(func(f, v []byte) error {
-				if len(f) != KeySize {
+				if len(f) != store.KeySize {
 					add("far bucket %d: key %x of %d bytes", idx, f, len(f))
 					return nil
 				}
@@ -152,11 +155,11 @@ func (s *Store) check() error {
 			nids++
 			r := reader{b: k}
 			vhost, exchange, id := r.bytes(), r.bytes(), r.bytes()
-			if r.err != nil || len(r.b) != KeySize {
+			if r.err != nil || len(r.b) != store.KeySize {
 				add("ids key %x malformed", k)
 				return nil
 			}
-			v := s.lookup(tx, w, Key(r.b))
+			v := s.lookup(tx, w, store.Key(r.b))
 			mv, err := viewMessage(v)
 			if v == nil || err != nil || !bytes.Equal(mv.vhost, vhost) || !bytes.Equal(mv.exchange, exchange) || !bytes.Equal(mv.messageID, id) {
 				add("ids entry %x does not match a stored message", k)
@@ -175,8 +178,20 @@ func (s *Store) check() error {
 		}); err != nil {
 			return err
 		}
+		stored := map[int64]*tallyRow{}
+		if bk := meta.Bucket(bucketTally); bk == nil {
+			add("tally bucket missing")
+		} else if rows, err := loadTally(bk); err != nil {
+			add("tally: %v", err)
+		} else {
+			stored = rows
+		}
 		s.mu.RLock()
 		defer s.mu.RUnlock()
+		eqRow := func(a, b *tallyRow) bool { return *a == *b }
+		if !maps.EqualFunc(tallied, stored, eqRow) || !maps.EqualFunc(tallied, s.tally, eqRow) {
+			add("tally: %d hours counted from the messages, %d in meta, %d in memory, or their counts differ", len(tallied), len(stored), len(s.tally))
+		}
 		if !maps.Equal(counted, persisted) || !maps.Equal(counted, s.counts) {
 			add("counts per incarnation: stored %v, meta %v, memory %v", counted, persisted, s.counts)
 		}
@@ -191,7 +206,7 @@ func (s *Store) check() error {
 		if live != s.live || stale != s.stale {
 			add("totals: stored live %d stale %d, memory live %d stale %d", live, stale, s.live, s.stale)
 		}
-		registry := map[exKey]ExchangeDef{}
+		registry := map[exKey]store.ExchangeDef{}
 		seen := map[uint64]bool{}
 		if err := tx.Bucket(bucketExchanges).ForEach(func(k, v []byte) error {
 			d, err := decodeExchange(k, v)
@@ -222,7 +237,7 @@ func (s *Store) check() error {
 	return nil
 }
 
-func equalDef(a, b ExchangeDef) bool {
+func equalDef(a, b store.ExchangeDef) bool {
 	return a.VHost == b.VHost && a.Name == b.Name && a.DelayedType == b.DelayedType &&
 		a.Durable == b.Durable && a.AutoDelete == b.AutoDelete && a.Internal == b.Internal &&
 		bytes.Equal(a.Arguments, b.Arguments) && a.Incarnation == b.Incarnation

@@ -1,4 +1,4 @@
-package store
+package boltstore
 
 import (
 	"bufio"
@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/delayproxy/delayproxy/store"
 )
 
 // crashChildEnv switches the test binary into the crash child: it names the
@@ -40,13 +42,14 @@ func crashChild() {
 		os.Exit(2)
 	}
 	ctx := context.Background()
-	if err := s.PutExchange(ctx, &ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}); err != nil {
+	x := &store.ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}
+	if err := s.PutExchange(ctx, x); err != nil {
 		fmt.Fprintln(os.Stderr, "child exchange:", err)
 		os.Exit(2)
 	}
 	// Move the watermark part of the way so both slots and far buckets get
 	// writes.
-	if err := s.ScanKeys(0, base+3600_000, func(Key) error { return nil }); err != nil {
+	if err := s.ScanKeys(0, base+3600_000, func(store.Key) error { return nil }); err != nil {
 		fmt.Fprintln(os.Stderr, "child scan:", err)
 		os.Exit(2)
 	}
@@ -57,8 +60,8 @@ func crashChild() {
 			r := rand.New(rand.NewPCG(uint64(pid), uint64(g)))
 			for i := 0; ; i++ {
 				id := fmt.Sprintf("%d-%d-%d", pid, g, i)
-				m := &Message{VHost: "/", Exchange: "x", Due: base + r.Int64N(24*3600_000),
-					MessageID: id, Body: crashBody(id), Priority: uint8(r.IntN(3))}
+				m := &store.Message{VHost: "/", Exchange: "x", Due: base + r.Int64N(24*3600_000),
+					MessageID: id, Body: crashBody(id), Priority: uint8(r.IntN(3)), Incarnation: x.Incarnation}
 				if err := s.Put(ctx, m); err != nil {
 					fmt.Fprintln(os.Stderr, "child put:", err)
 					os.Exit(2)
@@ -74,7 +77,7 @@ func crashChild() {
 
 func TestCrashKeepsConfirmedPuts(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "crash.db")
-	confirmed := map[string]Key{}
+	confirmed := map[string]store.Key{}
 	for round := range 3 {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), crashChildEnv+"="+path)
@@ -91,10 +94,10 @@ func TestCrashKeepsConfirmedPuts(t *testing.T) {
 		read := func(line string) {
 			id, k, ok := strings.Cut(line, " ")
 			b, err := hex.DecodeString(k)
-			if !ok || err != nil || len(b) != KeySize {
+			if !ok || err != nil || len(b) != store.KeySize {
 				t.Fatalf("child printed %q", line)
 			}
-			confirmed[id] = Key(b)
+			confirmed[id] = store.Key(b)
 		}
 		// Read a few hundred confirmations (a little while), then kill
 		// the child in the middle of its stream.
@@ -125,7 +128,7 @@ func TestCrashKeepsConfirmedPuts(t *testing.T) {
 			s.Close()
 			t.Fatalf("round %d: Check after SIGKILL: %v", round, err)
 		}
-		keys := make([]Key, 0, len(confirmed))
+		keys := make([]store.Key, 0, len(confirmed))
 		ids := make([]string, 0, len(confirmed))
 		for id, k := range confirmed {
 			ids = append(ids, id)

@@ -1,13 +1,16 @@
-package store
+package boltstore
 
 import (
 	"cmp"
 	"container/heap"
+	"context"
 	"math"
 	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/delayproxy/delayproxy/store"
 )
 
 // cascadePassMax bounds the messages one cascade pass moves (and keeps in
@@ -23,15 +26,15 @@ const cascadePassMax = 100_000 // Store.passMax
 
 // cascadeScan is the pass in progress (writer-only state).
 type cascadeScan struct {
-	from int64 // watermark when the scan began
-	hi   int64 // the scan covers due times in [from, hi)
-	late []Key // far Puts committed in [from, hi) after the scan's snapshot
+	from int64       // watermark when the scan began
+	hi   int64       // the scan covers due times in [from, hi)
+	late []store.Key // far Puts committed in [from, hi) after the scan's snapshot
 	done chan scanResult
 }
 
 type scanResult struct {
-	keys  []Key // sorted
-	limit int64 // the pass moves everything due before limit
+	keys  []store.Key // sorted
+	limit int64       // the pass moves everything due before limit
 }
 
 // cascadeStep releases the waiters whose target the watermark has reached
@@ -41,10 +44,11 @@ func (s *Store) cascadeStep(waiting []*request, open bool, err error) []*request
 	if len(waiting) == 0 {
 		return nil
 	}
-	if err != nil {
-	} else if !open {
-		err = ErrClosed
-	} else if s.scan == nil {
+	switch {
+	case err != nil: // the pass that just ended failed: so does every waiter
+	case !open:
+		err = store.ErrClosed
+	case s.scan == nil:
 		target := int64(0)
 		for _, r := range waiting {
 			target = max(target, r.target)
@@ -115,11 +119,11 @@ func (s *Store) moveCascade(res scanResult) error {
 				keys = append(keys, k)
 			}
 		}
-		slices.SortFunc(keys, CompareKeys)
+		slices.SortFunc(keys, store.CompareKeys)
 		keys = slices.Compact(keys)
 	}
 	// Fill each slot in sequence order: every insert appends.
-	slices.SortFunc(keys, func(a, b Key) int {
+	slices.SortFunc(keys, func(a, b store.Key) int {
 		if c := cmp.Compare(a.Due()/s.slotMs, b.Due()/s.slotMs); c != 0 {
 			return c
 		}
@@ -191,7 +195,7 @@ func (s *Store) moveCascade(res scanResult) error {
 // collect returns, sorted, the keys of fb due in [lo, hi) and the end of
 // the range they cover: hi, or an earlier slot boundary when more than
 // passMax messages are due in [lo, hi). A single slot is always taken whole.
-func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]Key, int64) {
+func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]store.Key, int64) {
 	h := &keyHeap{}
 	evicted := int64(math.MaxInt64) // earliest due among keys dropped from the heap
 	c := fb.Cursor()
@@ -202,12 +206,12 @@ func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]Key, int64) {
 		}
 		heap.Push(h, keyFromStored(k))
 		if h.Len() > s.passMax {
-			evicted = min(evicted, heap.Pop(h).(Key).Due())
+			evicted = min(evicted, heap.Pop(h).(store.Key).Due())
 		}
 	}
-	keys := []Key(*h)
+	keys := []store.Key(*h)
 	if evicted == math.MaxInt64 {
-		slices.SortFunc(keys, CompareKeys)
+		slices.SortFunc(keys, store.CompareKeys)
 		return keys, hi
 	}
 	limit := evicted / s.slotMs * s.slotMs
@@ -221,8 +225,23 @@ func (s *Store) collect(fb *bolt.Bucket, lo, hi int64) ([]Key, int64) {
 			}
 		}
 	} else {
-		keys = slices.DeleteFunc(keys, func(k Key) bool { return k.Due() >= limit })
+		keys = slices.DeleteFunc(keys, func(k store.Key) bool { return k.Due() >= limit })
 	}
-	slices.SortFunc(keys, CompareKeys)
+	slices.SortFunc(keys, store.CompareKeys)
 	return keys, limit
+}
+
+// cascadeTo makes sure every message due before until sits in a slot.
+func (s *Store) cascadeTo(until int64) error {
+	s.mu.RLock()
+	w := s.watermark
+	s.mu.RUnlock()
+	if until <= w {
+		return nil
+	}
+	target := maxDue
+	if until < maxDue-s.leadMs {
+		target = s.roundUp(until + s.leadMs)
+	}
+	return s.do(context.Background(), &request{kind: opCascade, target: target})
 }

@@ -1,0 +1,46 @@
+// Package teststore opens the store tests run against: a real bbolt store,
+// checked for integrity when the test ends.
+package teststore
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
+)
+
+// Open opens the bbolt store at path ("": a new file in t.TempDir()) with
+// opts. When the test ends it runs the store's Check, failing the test on a
+// corrupt store, and closes it; a store the test closed itself is opened
+// again for the check. Stores opened at the same path later are checked
+// first (cleanups run last in, first out), so the reopening finds the file
+// free.
+func Open(t testing.TB, path string, opts boltstore.Options) *boltstore.Store {
+	t.Helper()
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "delayproxy.db")
+	}
+	s, err := boltstore.Open(path, opts)
+	if err != nil {
+		t.Fatalf("teststore: %v", err)
+	}
+	t.Cleanup(func() {
+		err := s.Check()
+		if errors.Is(err, store.ErrClosed) {
+			if s, err = boltstore.Open(path, opts); err != nil {
+				t.Errorf("teststore: reopen for the check: %v", err)
+				return
+			}
+			err = s.Check()
+		}
+		if err != nil {
+			t.Errorf("teststore: %v", err)
+		}
+		if err := s.Close(); err != nil {
+			t.Errorf("teststore: close: %v", err)
+		}
+	})
+	return s
+}

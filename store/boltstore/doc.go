@@ -1,0 +1,58 @@
+// Package boltstore is the embedded implementation of the store contract
+// (package store): delayed messages in one bbolt file laid out as a timing
+// wheel on disk, with the registry of delayed exchanges, a message-id index,
+// exact counters and a tally of due times. Open, Options, Stats and Check
+// are its own; everything else is store.Store.
+//
+// # Invariants
+//
+// The numbers are the root package's invariants.
+//
+//   - Put returns nil only after the commit holding its messages is
+//     fsync'd; a failed commit fails every request in it (invariant 1).
+//   - Keys come out in release order (invariant 4) although every bucket
+//     is appended to in publish order: readers sort one slot at a time.
+//   - Memory holds no message beyond the one slot being read (invariant
+//     5): what grows is the tally, one 480-byte row per hour of due times
+//     that holds a message, not per message.
+//   - Open reads metadata, the registry, the counters and the tally, never
+//     messages (invariant 6), except once, when it upgrades an older
+//     schema.
+//   - Counters and tally change in the transaction that changes what they
+//     count, and Check proves them against the messages.
+//   - A slot loses messages only whole: a released mark is only made for a
+//     message of its slot, and a slot is dropped only when every message in
+//     it is marked.
+//   - One writer goroutine owns every write transaction.
+//
+// # Layout
+//
+// The cascade watermark W splits the messages: those due before W sit in
+// the slot of their due time (Options.SlotWidth, 1 s), those due at or
+// after W in the far bucket of their due time (Options.FarWidth, a day).
+// Both are keyed sequence first, so that a commit appends to the buckets it
+// touches. A ScanKeys that reaches past W first runs a cascade pass
+// (cascade.go): it moves the far messages of the next stretch into slots
+// and moves W. A released message in a slot is marked in the slot's
+// released bucket instead of deleted in place, and the slot goes whole
+// once all of it is marked. Buckets and keys: schema.go; values: codec.go;
+// the tally: tally.go; the reasons and the figures: docs/store.md.
+//
+// # Group commit
+//
+// The writer goroutine takes the first queued request, then every request
+// that queued up meanwhile (up to Options.MaxBatch messages, yielding the
+// processor once when the queue runs dry, as long as yielding brings new
+// requests; never sleeping), applies them in one transaction and commits.
+// Each caller waits for the commit holding its request only. A cascade
+// pass's move, NextDue's far scan (when every message lies beyond W) and
+// Check run between commits in the same goroutine.
+//
+// # bbolt settings
+//
+// The freelist is a hashmap and is not written at commit (NoFreelistSync)
+// unless Options.SyncFreelist; Close writes it once, so a clean reopen
+// loads it, while after a crash bbolt rebuilds it by walking every page.
+// InitialMmapSize defaults to 1 GiB so that the file grows without
+// remapping under readers.
+package boltstore

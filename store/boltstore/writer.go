@@ -1,0 +1,147 @@
+package boltstore
+
+import (
+	"context"
+	"runtime"
+
+	"github.com/delayproxy/delayproxy/store"
+)
+
+const (
+	// requestQueue is the capacity of the writer's request channel.
+	requestQueue = 4096
+	// maxYields bounds how often the writer yields the processor while the
+	// queue keeps growing before it commits.
+	maxYields = 16
+)
+
+type opKind uint8
+
+const (
+	opPut opKind = iota
+	opDelete
+	opCancelID
+	opCancelKey
+	opCancelExchange
+	opPutExchange
+	opDeleteExchange
+	opCascade // move the watermark to at least target (between commits)
+	opNextDue // earliest due over slots and far buckets (between commits)
+	opCheck   // integrity check (between commits)
+)
+
+// putItem is one message prepared by Put in the caller's goroutine.
+type putItem struct {
+	key store.Key
+	val []byte // encoded message
+	inc uint64
+	id  []byte // ids index key, nil without a message-id
+}
+
+// request is one call handed to the writer. Results are valid once done is
+// closed.
+type request struct {
+	kind   opKind
+	ctx    context.Context
+	puts   []putItem
+	keys   []store.Key
+	vhost  string
+	name   string
+	id     string
+	def    store.ExchangeDef
+	target int64
+
+	n       int64
+	ok      bool
+	removed []store.Key // opCancelID: the pending messages it removed
+	err     error
+	done    chan struct{}
+}
+
+func (r *request) weight() int {
+	switch r.kind {
+	case opPut:
+		return len(r.puts)
+	case opDelete:
+		return len(r.keys)
+	}
+	return 1
+}
+
+// run is the writer goroutine: it commits queued requests in groups and
+// drives cascades between commits. It exits when reqs is closed and
+// drained and no cascade scan is running.
+func (s *Store) run() {
+	defer close(s.done)
+	var cascades []*request // waiting for the watermark to reach their target
+	reqs := s.reqs          // nil once closed
+	for reqs != nil || s.scan != nil {
+		var batch, between []*request
+		n := 0
+		take := func(r *request) {
+			switch r.kind {
+			case opCascade, opNextDue, opCheck:
+				between = append(between, r)
+			default:
+				batch = append(batch, r)
+				n += r.weight()
+			}
+		}
+		var scanDone <-chan scanResult
+		if s.scan != nil {
+			scanDone = s.scan.done
+		}
+		var cascadeErr error
+		select {
+		case r, ok := <-reqs:
+			if ok {
+				take(r)
+			} else {
+				reqs = nil
+			}
+		case res := <-scanDone:
+			cascadeErr = s.moveCascade(res)
+		}
+		// Take everything that queued up during the previous commit. When
+		// the queue runs dry, yield the processor so that callers just
+		// released by the previous commit can queue again, as long as that
+		// brings new requests: with many writers this keeps batches full
+		// instead of alternating full and small ones. No timer.
+		yields, sinceYield := 0, 0
+	gather:
+		for reqs != nil && n < s.maxBatch {
+			select {
+			case r, ok := <-reqs:
+				if !ok {
+					reqs = nil
+					break gather
+				}
+				take(r)
+				sinceYield++
+			default:
+				if n == 0 || yields == maxYields || (yields > 0 && sinceYield == 0) {
+					break gather
+				}
+				yields++
+				sinceYield = 0
+				runtime.Gosched()
+			}
+		}
+		if len(batch) > 0 {
+			s.commit(batch)
+		}
+		for _, r := range between {
+			switch r.kind {
+			case opCascade:
+				cascades = append(cascades, r)
+			case opNextDue:
+				r.n, r.ok, r.err = s.nextDueExact()
+				close(r.done)
+			case opCheck:
+				r.err = s.check()
+				close(r.done)
+			}
+		}
+		cascades = s.cascadeStep(cascades, reqs != nil, cascadeErr)
+	}
+}
