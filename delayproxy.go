@@ -133,7 +133,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	web, err := admin.New(admin.Options{
 		Addr:    p.cfg.HTTPAddr,
 		Token:   p.cfg.AdminToken,
-		Engine:  st, // a cancelled key is gone from the store, so the scheduler never releases it
+		Engine:  engine{Store: st, sched: sched},
 		Metrics: m,
 		// The store is open for as long as the HTTP server runs (it closes
 		// after web.Shutdown), so readiness is RabbitMQ being reachable.

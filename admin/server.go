@@ -37,12 +37,9 @@ const (
 	readyTimeout      = 3 * time.Second
 )
 
-// Engine is what the admin API reads and cancels. *boltstore.Store implements
-// it, but the application must pass a wrapper over store and scheduler: a
-// cancelled message may already sit in the scheduler's in-memory wheel, and
-// the Engine guarantees it is never released once a Cancel method has
-// returned. (Either the wrapper removes the keys from the wheel, or the
-// releaser re-reads each due message from the store and skips missing ones.)
+// Engine is what the admin API reads and cancels. Once a Cancel method has
+// returned, the messages it removed are never released: the application's
+// Engine also takes them out of the scheduler's in-memory wheel.
 type Engine interface {
 	// Counts lists pending messages per delayed exchange.
 	Counts() []store.ExchangeCount
