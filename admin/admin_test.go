@@ -79,7 +79,7 @@ func newFixture(t *testing.T, token string, ready func(context.Context) error) *
 	if err := m.RegisterStore(st, path); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(Options{Addr: "127.0.0.1:0", Token: token, Engine: st, Metrics: m, Ready: ready})
+	srv, err := New(Options{Addr: "127.0.0.1:0", Token: token, Engine: scanEngine{st}, Metrics: m, Ready: ready})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -463,7 +463,7 @@ func TestNewRefusesPublicAddressWithoutToken(t *testing.T) {
 		{"[::1]:15673", "", true},
 		{"localhost:15673", "", true},
 	} {
-		_, err := New(Options{Addr: tt.addr, Token: tt.token, Engine: st, Metrics: m})
+		_, err := New(Options{Addr: tt.addr, Token: tt.token, Engine: scanEngine{st}, Metrics: m})
 		if tt.ok != (err == nil) {
 			t.Errorf("New(%q, token %v) = %v", tt.addr, tt.token != "", err)
 		}
@@ -478,7 +478,7 @@ func TestNewRefusesPublicAddressWithoutToken(t *testing.T) {
 
 func TestStartProbeShutdown(t *testing.T) {
 	st := openStore(t)
-	srv, err := New(Options{Addr: "127.0.0.1:0", Engine: st, Metrics: metrics.New()})
+	srv, err := New(Options{Addr: "127.0.0.1:0", Engine: scanEngine{st}, Metrics: metrics.New()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,7 +500,7 @@ func TestStartProbeShutdown(t *testing.T) {
 		t.Error("Probe of a 404 succeeded")
 	}
 	// A second server on the same address fails at Start, not later.
-	other, _ := New(Options{Addr: srv.Addr().String(), Engine: st, Metrics: metrics.New()})
+	other, _ := New(Options{Addr: srv.Addr().String(), Engine: scanEngine{st}, Metrics: metrics.New()})
 	if err := other.Start(); err == nil {
 		t.Error("Start on a used address succeeded")
 		_ = other.Shutdown(ctx)

@@ -62,6 +62,18 @@ type Engine interface {
 	CancelKey(ctx context.Context, key store.Key) (bool, error)
 	// CancelExchange removes every pending message of the exchange.
 	CancelExchange(ctx context.Context, vhost, exchange string) (int64, error)
+	// Upcoming counts pending messages (those Counts counts: stored, not
+	// released, not stale) by due time. bounds are unix milliseconds in
+	// strictly increasing order, and the result has one count per bound:
+	// entry i < len(bounds)-1 counts the messages due in
+	// [bounds[i], bounds[i+1]), the last entry those due at or after the
+	// last bound. Messages due before bounds[0] are not counted, so with
+	// bounds[0] = 0 the entries sum to the pending total. It costs
+	// O(time slots), not O(messages); a store that counts per time bucket
+	// may round each bound to a boundary of its buckets (its doc says how
+	// wide they are), which moves a message due that close to a bound into
+	// the neighbouring range, and never counts a message twice.
+	Upcoming(bounds []int64) ([]int64, error)
 }
 
 // Options configure a Server.
@@ -88,6 +100,7 @@ type Server struct {
 	opts    Options
 	handler http.Handler
 	log     *slog.Logger
+	now     func() time.Time // the clock /api/upcoming's ranges start from
 
 	mu       sync.Mutex // guards srv, ln and done
 	srv      *http.Server
@@ -108,7 +121,7 @@ func New(opts Options) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{opts: opts, log: log}
+	s := &Server{opts: opts, log: log, now: time.Now}
 	s.handler = s.routes()
 	return s, nil
 }
@@ -124,6 +137,7 @@ func (s *Server) routes() http.Handler {
 	api.HandleFunc("DELETE /api/exchanges/{vhost}/{name}/messages", s.cancelExchange)
 	api.HandleFunc("DELETE /api/exchanges/{vhost}/{name}/messages/{id}", s.cancelID)
 	api.HandleFunc("DELETE /api/exchanges/{vhost}/{name}/messages/by-key/{key}", s.cancelKey)
+	api.HandleFunc("GET /api/upcoming", s.upcoming)
 	// Method-less twins answer other methods with a JSON 405, and the
 	// catch-all a JSON 404, instead of the mux's plain-text ones.
 	for path, allow := range map[string]string{
@@ -132,6 +146,7 @@ func (s *Server) routes() http.Handler {
 		"/api/exchanges/{vhost}/{name}/messages":              "GET, HEAD, DELETE",
 		"/api/exchanges/{vhost}/{name}/messages/{id}":         "DELETE",
 		"/api/exchanges/{vhost}/{name}/messages/by-key/{key}": "DELETE",
+		"/api/upcoming":                                       "GET, HEAD",
 	} {
 		api.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
