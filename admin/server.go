@@ -62,18 +62,16 @@ type Engine interface {
 	CancelKey(ctx context.Context, key store.Key) (bool, error)
 	// CancelExchange removes every pending message of the exchange.
 	CancelExchange(ctx context.Context, vhost, exchange string) (int64, error)
-	// Upcoming counts pending messages (those Counts counts: stored, not
-	// released, not stale) by due time. bounds are unix milliseconds in
-	// strictly increasing order, and the result has one count per bound:
-	// entry i < len(bounds)-1 counts the messages due in
-	// [bounds[i], bounds[i+1]), the last entry those due at or after the
-	// last bound. Messages due before bounds[0] are not counted, so with
-	// bounds[0] = 0 the entries sum to the pending total. It costs
-	// O(time slots), not O(messages); a store that counts per time bucket
-	// may round each bound to a boundary of its buckets (its doc says how
-	// wide they are), which moves a message due that close to a bound into
-	// the neighbouring range, and never counts a message twice.
-	Upcoming(bounds []int64) ([]int64, error)
+	// Upcoming counts the stored messages by due time in consecutive
+	// ranges, at the cost of the time span they cover, not of their number.
+	// bounds are ascending unix ms; the result has len(bounds)+1 counts: due
+	// before bounds[0], then in [bounds[i-1], bounds[i]) for each i, then
+	// at or after the last bound. Stale messages (of a deleted or cancelled
+	// exchange, until they are discarded at their turn) are counted too. A
+	// store may place a message by its due time rounded down to its
+	// resolution (its doc says which); bounds that are multiples of it
+	// count exactly.
+	Upcoming(bounds []int64) []int64
 }
 
 // Options configure a Server.

@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// upcomingRanges are the ranges of GET /api/upcoming between "overdue"
-// (due before now) and "later" (due a week from now or after), each
-// ending at an offset from now and starting where the previous one ends.
+// upcomingRanges are the ranges of GET /api/upcoming between "overdue" and
+// "later", each ending at an offset from the current minute and starting
+// where the previous one ends.
 var upcomingRanges = []struct {
 	name  string
 	until time.Duration
@@ -20,10 +20,10 @@ var upcomingRanges = []struct {
 
 // upcomingJSON is the answer of GET /api/upcoming.
 type upcomingJSON struct {
-	Now     string      `json:"now"` // RFC 3339, UTC, milliseconds: the start of next_minute
-	NowMs   int64       `json:"now_ms"`
-	Ranges  []rangeJSON `json:"ranges"`  // overdue, next_minute, next_hour, next_day, next_week, later
-	Pending int64       `json:"pending"` // the sum of the counts
+	Now    string      `json:"now"` // RFC 3339, UTC, milliseconds
+	NowMs  int64       `json:"now_ms"`
+	Ranges []rangeJSON `json:"ranges"` // overdue, next_minute, next_hour, next_day, next_week, later
+	Total  int64       `json:"total"`  // the sum of the counts
 }
 
 // rangeJSON is one range of due times, [from, until); overdue has no
@@ -37,26 +37,25 @@ type rangeJSON struct {
 	Count   int64  `json:"count"`
 }
 
-// upcoming answers GET /api/upcoming: pending messages of every vhost by
-// due time, in disjoint ranges relative to now.
+// upcoming answers GET /api/upcoming: the stored messages of every vhost by
+// due time, in ranges that start at the current whole minute (so that a
+// store counting by minute counts exactly): overdue is due before it,
+// next_minute within it, and so on. Messages of deleted exchanges that
+// await discarding are counted too (Engine.Upcoming).
 func (s *Server) upcoming(w http.ResponseWriter, r *http.Request) {
 	now := s.now()
-	nowMs := now.UnixMilli()
-	bounds := []int64{0, nowMs}
+	start := now.Truncate(time.Minute)
+	bounds := []int64{start.UnixMilli()}
 	for _, u := range upcomingRanges {
-		bounds = append(bounds, now.Add(u.until).UnixMilli())
+		bounds = append(bounds, start.Add(u.until).UnixMilli())
 	}
-	counts, err := s.opts.Engine.Upcoming(bounds)
-	if err != nil {
-		s.storeError(w, r, err)
-		return
-	}
-	if len(counts) != len(bounds) {
+	counts := s.opts.Engine.Upcoming(bounds)
+	if len(counts) != len(bounds)+1 {
 		s.log.Error("admin API: Engine.Upcoming answered the wrong number of counts", "bounds", len(bounds), "counts", len(counts))
-		writeError(w, http.StatusInternalServerError, "upcoming: %d counts for %d ranges", len(counts), len(bounds))
+		writeError(w, http.StatusInternalServerError, "upcoming: %d counts for %d ranges", len(counts), len(bounds)+1)
 		return
 	}
-	out := upcomingJSON{Now: formatMs(nowMs), NowMs: nowMs}
+	out := upcomingJSON{Now: formatMs(now.UnixMilli()), NowMs: now.UnixMilli()}
 	for i, n := range counts {
 		rg := rangeJSON{Count: n}
 		switch i {
@@ -68,13 +67,13 @@ func (s *Server) upcoming(w http.ResponseWriter, r *http.Request) {
 			rg.Name = upcomingRanges[i-1].name
 		}
 		if i > 0 {
-			rg.From, rg.FromMs = formatMs(bounds[i]), bounds[i]
+			rg.From, rg.FromMs = formatMs(bounds[i-1]), bounds[i-1]
 		}
-		if i < len(bounds)-1 {
-			rg.Until, rg.UntilMs = formatMs(bounds[i+1]), bounds[i+1]
+		if i < len(bounds) {
+			rg.Until, rg.UntilMs = formatMs(bounds[i]), bounds[i]
 		}
 		out.Ranges = append(out.Ranges, rg)
-		out.Pending += n
+		out.Total += n
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -96,10 +96,10 @@ type apiCancelled struct {
 
 // apiUpcoming is the answer of GET /api/upcoming (admin's upcomingJSON).
 type apiUpcoming struct {
-	Now     string     `json:"now"`
-	NowMs   int64      `json:"now_ms"`
-	Ranges  []apiRange `json:"ranges"`
-	Pending int64      `json:"pending"`
+	Now    string     `json:"now"`
+	NowMs  int64      `json:"now_ms"`
+	Ranges []apiRange `json:"ranges"`
+	Total  int64      `json:"total"`
 }
 
 // apiRange is one range of due times of apiUpcoming.

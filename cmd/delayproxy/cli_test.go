@@ -187,7 +187,7 @@ func TestCLIReads(t *testing.T) {
 			}
 			return out
 		}
-		if r.code != 0 || got["pending"] != api["pending"] || !reflect.DeepEqual(counts(got), counts(api)) || len(got) != len(api) {
+		if r.code != 0 || got["total"] != api["total"] || !reflect.DeepEqual(counts(got), counts(api)) || len(got) != len(api) {
 			t.Errorf("--json printed (exit %d)\n%s\nthe API says\n%v", r.code, r.stdout, api)
 		}
 	})

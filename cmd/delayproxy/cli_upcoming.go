@@ -8,10 +8,12 @@ import (
 
 var upcomingCommand = &cliCommand{
 	name:    "upcoming",
-	summary: "count pending messages by when they are due",
-	about: `Counts the pending messages of every vhost by due time: overdue (due
-before now, not yet released), due within a minute, a minute to an hour, an
-hour to a day, a day to a week, and later. The ranges do not overlap.`,
+	summary: "count stored messages by when they are due",
+	about: `Counts the messages the proxy holds, of every vhost, by due time: overdue
+(due before the current minute, not yet released), due within the current
+minute, from then to an hour, to a day, to a week, and later. The ranges
+start at the current whole minute and do not overlap. Messages of a deleted
+exchange count until they are discarded at their due time.`,
 	vhost: "-",
 	flags: func(fs *flag.FlagSet) func(context.Context, *cliRun) error {
 		return upcoming
@@ -45,6 +47,6 @@ func upcoming(ctx context.Context, r *cliRun) error {
 		}
 		row(t, label, strconv.FormatInt(rg.Count, 10))
 	}
-	row(t, "total", strconv.FormatInt(u.Pending, 10))
+	row(t, "total", strconv.FormatInt(u.Total, 10))
 	return t.Flush()
 }
