@@ -47,7 +47,7 @@ func TestUpcoming(t *testing.T) {
 		4 * 24 * time.Hour,  // next_week
 		30 * 24 * time.Hour, // later
 	} {
-		msgs = append(msgs, &store.Message{VHost: def.VHost, Exchange: def.Name, Body: []byte("x"), Due: minute.Add(in).UnixMilli(), Delay: 1})
+		msgs = append(msgs, &store.Message{VHost: def.VHost, Exchange: def.Name, Incarnation: def.Incarnation, Body: []byte("x"), Due: minute.Add(in).UnixMilli(), Delay: 1})
 	}
 	if err := f.st.Put(ctx, msgs...); err != nil {
 		t.Fatal(err)
@@ -57,7 +57,7 @@ func TestUpcoming(t *testing.T) {
 	if err := f.st.PutExchange(ctx, &gone); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.st.Put(ctx, &store.Message{VHost: "/", Exchange: "gone", Body: []byte("x"), Due: minute.Add(time.Minute / 2).UnixMilli(), Delay: 1}); err != nil {
+	if err := f.st.Put(ctx, &store.Message{VHost: "/", Exchange: "gone", Incarnation: gone.Incarnation, Body: []byte("x"), Due: minute.Add(time.Minute / 2).UnixMilli(), Delay: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.st.CancelExchange(ctx, "/", "gone"); err != nil {
