@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # delayproxy image: a static Go binary on distroless/static (CA certificates
 # and tzdata included, no shell), running as the distroless "nonroot" user
 # (uid 65532).
@@ -9,6 +7,13 @@
 #     -e DELAYPROXY_UPSTREAM=amqp://user:pass@rabbitmq:5672/ \
 #     -e DELAYPROXY_ADMIN_TOKEN="$(openssl rand -hex 32)" \
 #     -v delayproxy-data:/data -p 5673:5673 -p 15673:15673 delayproxy
+#
+# It builds with BuildKit and with the classic builder (Docker 20.10's
+# default, docker-compose v1): no RUN --mount, no FROM --platform. Behind a
+# module mirror, pass --build-arg GOPROXY=https://mirror.example/ (and
+# GOSUMDB, e.g. off, when the mirror does not serve the checksum database).
+# A multi-platform build (docker buildx build --platform linux/arm64,...)
+# compiles under emulation: slower, same result.
 #
 # The HTTP side (/metrics, /healthz, /readyz, /api/) listens on 0.0.0.0:15673
 # inside the container so that a published port and Prometheus can reach it.
@@ -20,23 +25,25 @@
 #
 # Configure the container through DELAYPROXY_* variables rather than flags:
 # the HEALTHCHECK runs `delayproxy healthcheck`, which sees the environment
-# but not the main process's flags.
+# but not the main process's flags. It probes /healthz: healthy means the
+# process serves, not that RabbitMQ is reachable (/readyz says that).
 #
 # Shutdown waits up to DELAYPROXY_SHUTDOWN_GRACE (30s); give `docker stop`
 # more than that (docker stop -t 40, compose stop_grace_period: 40s).
 
 ARG GO_VERSION=1.26
 
-FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
+FROM golang:${GO_VERSION} AS build
 WORKDIR /src
+ARG GOPROXY
+ARG GOSUMDB
 COPY go.mod go.sum ./
-RUN --mount=type=cache,target=/go/pkg/mod go mod download
+RUN go mod download
 COPY . .
 ARG VERSION=dev
 ARG TARGETOS
 ARG TARGETARCH
-RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
+RUN CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
     go build -trimpath -buildvcs=false \
       -ldflags "-s -w -X github.com/delayproxy/delayproxy.Version=${VERSION}" \
       -o /out/delayproxy ./cmd/delayproxy \

@@ -13,6 +13,7 @@
 //	DELETE /api/exchanges/{vhost}/{name}/messages        cancel every pending message of the exchange
 //	DELETE /api/exchanges/{vhost}/{name}/messages/{id}   cancel the messages with that message-id
 //	DELETE /api/exchanges/{vhost}/{name}/messages/by-key/{key}  cancel one message by its store key (hex)
+//	GET    /api/upcoming                                 stored messages by due time: overdue, next minute, hour, day, week, later
 //
 // Path segments are URL-escaped; the default vhost "/" is %2F, as in
 // RabbitMQ's management API.

@@ -59,6 +59,16 @@ type Engine interface {
 	CancelKey(ctx context.Context, key store.Key) (bool, error)
 	// CancelExchange removes every pending message of the exchange.
 	CancelExchange(ctx context.Context, vhost, exchange string) (int64, error)
+	// Upcoming counts the stored messages by due time in consecutive
+	// ranges, at the cost of the time span they cover, not of their number.
+	// bounds are ascending unix ms; the result has len(bounds)+1 counts: due
+	// before bounds[0], then in [bounds[i-1], bounds[i]) for each i, then
+	// at or after the last bound. Stale messages (of a deleted or cancelled
+	// exchange, until they are discarded at their turn) are counted too. A
+	// store may place a message by its due time rounded down to its
+	// resolution (its doc says which); bounds that are multiples of it
+	// count exactly.
+	Upcoming(bounds []int64) []int64
 }
 
 // Options configure a Server.
@@ -85,6 +95,7 @@ type Server struct {
 	opts    Options
 	handler http.Handler
 	log     *slog.Logger
+	now     func() time.Time // the clock /api/upcoming's ranges start from
 
 	mu       sync.Mutex // guards srv, ln and done
 	srv      *http.Server
@@ -105,7 +116,7 @@ func New(opts Options) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{opts: opts, log: log}
+	s := &Server{opts: opts, log: log, now: time.Now}
 	s.handler = s.routes()
 	return s, nil
 }
@@ -121,6 +132,7 @@ func (s *Server) routes() http.Handler {
 	api.HandleFunc("DELETE /api/exchanges/{vhost}/{name}/messages", s.cancelExchange)
 	api.HandleFunc("DELETE /api/exchanges/{vhost}/{name}/messages/{id}", s.cancelID)
 	api.HandleFunc("DELETE /api/exchanges/{vhost}/{name}/messages/by-key/{key}", s.cancelKey)
+	api.HandleFunc("GET /api/upcoming", s.upcoming)
 	// Method-less twins answer other methods with a JSON 405, and the
 	// catch-all a JSON 404, instead of the mux's plain-text ones.
 	for path, allow := range map[string]string{
@@ -129,6 +141,7 @@ func (s *Server) routes() http.Handler {
 		"/api/exchanges/{vhost}/{name}/messages":              "GET, HEAD, DELETE",
 		"/api/exchanges/{vhost}/{name}/messages/{id}":         "DELETE",
 		"/api/exchanges/{vhost}/{name}/messages/by-key/{key}": "DELETE",
+		"/api/upcoming":                                       "GET, HEAD",
 	} {
 		api.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)

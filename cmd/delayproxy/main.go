@@ -17,8 +17,12 @@ import (
 
 func main() { os.Exit(run(os.Args[1:])) }
 
-// run returns the exit status: 0 done, 1 failure, 2 bad configuration.
+// run returns the exit status: 0 done, 1 failure, 2 bad configuration;
+// the operator commands (cli.go) have more.
 func run(args []string) int {
+	if isCLICommand(args) {
+		return runCLI(args, cliIO{getenv: os.Getenv, now: time.Now, stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr})
+	}
 	cmd := ""
 	if len(args) > 0 && (args[0] == "version" || args[0] == "healthcheck") {
 		cmd, args = args[0], args[1:]

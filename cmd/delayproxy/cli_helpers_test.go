@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+)
+
+// The operator commands are tested against a real proxy run in-process
+// (delayproxy.New and Run, the real store in a temp dir, the test broker)
+// holding messages published through it.
+
+const cliToken = "cli-test-token-0123456789"
+
+// cliProxy is a running proxy with the admin token cliToken.
+type cliProxy struct {
+	httpAddr string // host:port of the admin API
+	amqpURL  string // the proxy's AMQP URL with the broker's credentials
+}
+
+// startCLIProxy runs a proxy until the test ends.
+func startCLIProxy(t *testing.T) *cliProxy {
+	t.Helper()
+	cfg := delayproxy.DefaultConfig()
+	cfg.ListenAddr = "127.0.0.1:0"
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.UpstreamURL = testbroker.URL(t)
+	cfg.DataDir = t.TempDir()
+	cfg.AdminToken = cliToken
+	cfg.ShutdownGrace = 5 * time.Second
+	p, err := delayproxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("proxy Run: %v", err)
+		}
+	})
+	select {
+	case <-p.Ready():
+	case err := <-done:
+		done <- err // for the cleanup
+		t.Fatalf("proxy stopped at start: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("proxy not ready after 30 s")
+	}
+	amqpAddr, httpAddr := p.Addrs()
+	u, err := url.Parse(cfg.UpstreamURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = amqpAddr.String()
+	return &cliProxy{httpAddr: httpAddr.String(), amqpURL: u.String()}
+}
+
+// delayedMsg is a message to publish with a delay.
+type delayedMsg struct {
+	id, routingKey, body string
+	delay                time.Duration
+	priority             uint8
+}
+
+// declareAndPublish declares a direct delayed exchange through the proxy,
+// publishes msgs to it with publisher confirms (so they are stored when it
+// returns) and deletes the exchange on the broker when the test ends.
+func (p *cliProxy) declareAndPublish(t *testing.T, msgs ...delayedMsg) string {
+	t.Helper()
+	name := randName(t, "dp-cmd.cli.")
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(testbroker.URL(t))
+		if err != nil {
+			t.Errorf("cleanup: %v", err)
+			return
+		}
+		defer conn.Close()
+		if ch, err := conn.Channel(); err == nil {
+			_ = ch.ExchangeDelete(name, false, false)
+		}
+	})
+	conn, err := amqp.Dial(p.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "direct"}); err != nil {
+		t.Fatalf("declare %s: %v", name, err)
+	}
+	p.publish(t, ch, name, msgs...)
+	return name
+}
+
+// publishMore publishes more messages to an exchange of declareAndPublish.
+func (p *cliProxy) publishMore(t *testing.T, name string, msgs ...delayedMsg) {
+	t.Helper()
+	conn, err := amqp.Dial(p.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.publish(t, ch, name, msgs...)
+}
+
+func (p *cliProxy) publish(t *testing.T, ch *amqp.Channel, name string, msgs ...delayedMsg) {
+	t.Helper()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, m := range msgs {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, name, m.routingKey, false, false, amqp.Publishing{
+			Headers:   amqp.Table{"x-delay": m.delay.Milliseconds()},
+			MessageId: m.id,
+			Priority:  m.priority,
+			Body:      []byte(m.body),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+			t.Fatalf("publish %+v: not confirmed (%v)", m, err)
+		}
+	}
+}
+
+// api GETs path from the admin API with the token and decodes the JSON
+// into a generic value, to compare with what --json prints.
+func (p *cliProxy) api(t *testing.T, path string) any {
+	t.Helper()
+	req, err := http.NewRequest("GET", "http://"+p.httpAddr+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+cliToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET %s = %s %s", path, resp.Status, body)
+	}
+	return decodeJSON(t, body)
+}
+
+func decodeJSON(t *testing.T, b []byte) any {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("not JSON: %v: %s", err, b)
+	}
+	return v
+}
+
+// cliResult is what one operator command did.
+type cliResult struct {
+	code           int
+	stdout, stderr string
+}
+
+// cli runs an operator command in-process against p (unless args name
+// another --server) with only env as its environment and stdin as its
+// terminal input.
+func (p *cliProxy) cli(t *testing.T, env map[string]string, stdin io.Reader, args ...string) cliResult {
+	t.Helper()
+	if stdin == nil {
+		stdin = strings.NewReader("")
+	}
+	var stdout, stderr bytes.Buffer
+	if !slices.Contains(args, "--server") {
+		args = append(args, "--server", p.httpAddr)
+	}
+	code := runCLI(args, cliIO{
+		getenv: func(k string) string { return env[k] },
+		now:    time.Now,
+		stdin:  stdin,
+		stdout: &stdout,
+		stderr: &stderr,
+	})
+	return cliResult{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// withToken is the environment of an operator who set the token.
+var withToken = map[string]string{"DELAYPROXY_ADMIN_TOKEN": cliToken}
+
+// tableRows splits a table into rows of cells (cells are separated by two
+// or more spaces, as tabwriter pads them).
+func tableRows(out string) [][]string {
+	var rows [][]string
+	for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+		var cells []string
+		for _, c := range strings.Split(line, "  ") {
+			if c = strings.TrimSpace(c); c != "" {
+				cells = append(cells, c)
+			}
+		}
+		rows = append(rows, cells)
+	}
+	return rows
+}
