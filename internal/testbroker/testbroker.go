@@ -1,6 +1,9 @@
-// Package testbroker gives tests the address of the real RabbitMQ they run
-// against. A test that needs the broker fails when it is unreachable: it never
-// skips, so CI cannot pass without having talked to RabbitMQ.
+// Package testbroker gives tests the real RabbitMQ they run against: its
+// address (URL), a channel to it for setup and cleanup (WithChannel,
+// DeleteQueue, DeleteExchange), and its rabbitmqctl (Ctl,
+// CloseConnections). A test that needs the broker fails when it is
+// unreachable: it never skips, so CI cannot pass without having talked to
+// RabbitMQ.
 package testbroker
 
 import (

@@ -1,0 +1,52 @@
+package testbroker
+
+import (
+	"net/url"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// WithChannel runs f on a channel of a fresh connection to the AMQP URL u
+// (the test broker, or a proxy in front of it) and closes the connection
+// after. Any error fails the test (in a t.Cleanup function it ends that
+// function only; the other cleanups still run).
+func WithChannel(t testing.TB, u string, f func(*amqp.Channel) error) {
+	t.Helper()
+	c, err := amqp.Dial(u)
+	if err != nil {
+		t.Fatalf("testbroker: dial %s: %v", redacted(u), err)
+	}
+	defer c.Close()
+	ch, err := c.Channel()
+	if err != nil {
+		t.Fatalf("testbroker: channel.open on %s: %v", redacted(u), err)
+	}
+	if err := f(ch); err != nil {
+		t.Fatalf("testbroker: %v", err)
+	}
+}
+
+// DeleteQueue deletes a queue on the test broker, for t.Cleanup.
+func DeleteQueue(t testing.TB, name string) {
+	t.Helper()
+	WithChannel(t, URL(t), func(ch *amqp.Channel) error {
+		_, err := ch.QueueDelete(name, false, false, false)
+		return err
+	})
+}
+
+// DeleteExchange deletes an exchange on the test broker, for t.Cleanup.
+func DeleteExchange(t testing.TB, name string) {
+	t.Helper()
+	WithChannel(t, URL(t), func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+}
+
+// redacted is u without its password, for messages.
+func redacted(u string) string {
+	pu, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return pu.Redacted()
+}
