@@ -1,8 +1,7 @@
-package delayproxy
+package e2e
 
 import (
 	"net/url"
-	"os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -10,16 +9,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
-
-// authCtl runs one rabbitmqctl command and fails the test if it fails.
-func authCtl(t testing.TB, args ...string) {
-	t.Helper()
-	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
-	}
-}
 
 // withUser is u with another user's credentials.
 func withUser(t testing.TB, u, user, pass string) string {
@@ -65,9 +56,7 @@ func TestAuth_DelayedPublishNeedsTheUsersPermissions(t *testing.T) {
 		if err := guest.ExchangeDeclare(x.name, "x-delayed-message", false, false, false, false, amqp.Table{"x-delayed-type": x.typ}); err != nil {
 			t.Fatalf("declare %s: %v", x.name, err)
 		}
-		t.Cleanup(func() {
-			brokerCleanup(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(x.name, false, false) })
-		})
+		t.Cleanup(func() { testbroker.DeleteExchange(t, x.name) })
 	}
 	q := declareQueue(t, nil)
 	bind(t, q, "k", okEx, nil)
@@ -75,10 +64,9 @@ func TestAuth_DelayedPublishNeedsTheUsersPermissions(t *testing.T) {
 	bind(t, q, "#", topicEx, nil)
 
 	user, pass := "dp-auth-"+suffix, randHex(t, 8)
-	authCtl(t, "add_user", user, pass)
-	t.Cleanup(func() { authCtl(t, "delete_user", user) })
-	authCtl(t, "set_permissions", "-p", "/", user, "", `^dp-authok\.`, "")
-	authCtl(t, "set_topic_permissions", "-p", "/", user, topicEx, `^allowed\.`, ".*")
+	testbroker.AddUser(t, user, pass)
+	testbroker.Ctl(t, "set_permissions", "-p", "/", user, "", `^dp-authok\.`, "")
+	testbroker.Ctl(t, "set_topic_permissions", "-p", "/", user, topicEx, `^allowed\.`, ".*")
 
 	conn := dialURL(t, withUser(t, tp.URL(), user, pass))
 	direct := dialURL(t, withUser(t, testbroker.URL(t), user, pass))
@@ -117,7 +105,7 @@ func TestAuth_DelayedPublishNeedsTheUsersPermissions(t *testing.T) {
 	}
 	// The allowed ones are released; the refused ones never were stored,
 	// so only the allowed three can arrive.
-	eventually(t, 15*time.Second, "the allowed messages released", func() bool {
+	testwait.Until(t, 15*time.Second, "the allowed messages released", func() bool {
 		return tp.pending(t, okEx) == 0 && tp.pending(t, topicEx) == 0 && queueDepth(t, q) >= 3
 	})
 	var ids []string

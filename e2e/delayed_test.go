@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"bytes"
@@ -17,7 +17,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // End-to-end tests of delayed-message exchanges through the whole proxy
@@ -134,7 +137,7 @@ func TestDelayedExchange_RoutesLikeItsType(t *testing.T) {
 			}
 			// Every release is confirmed, so enqueued, before it leaves the
 			// store; the consumers then get all of it before cancel-ok.
-			eventually(t, 20*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
+			testwait.Until(t, 20*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
 			for q := range 2 {
 				got := cons[q].stop(t)
 				if gotIDs := ids(got); !slices.Equal(gotIDs, want[q]) {
@@ -301,7 +304,7 @@ func TestDelayedExchange_NoWaitDeclareThenPublish(t *testing.T) {
 	conn := tp.dial(t)
 	ch := channel(t, conn)
 	ex := uniqueName(t, "x")
-	t.Cleanup(func() { brokerCleanup(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(ex, false, false) }) })
+	t.Cleanup(func() { testbroker.DeleteExchange(t, ex) })
 	start := time.Now()
 	if err := ch.ExchangeDeclare(ex, "x-delayed-message", true, false, false, true, amqp.Table{"x-delayed-type": "fanout"}); err != nil {
 		t.Fatal(err)
@@ -430,7 +433,7 @@ func TestXDelay_RoutedAtOnce(t *testing.T) {
 // usable.
 func TestXDelay_Refused(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, func(c *Config) { c.MaxDelay, c.MaxMessageSize = time.Hour, 1024 })
+	tp := startProxy(t, func(c *delayproxy.Config) { c.MaxDelay, c.MaxMessageSize = time.Hour, 1024 })
 	conn := tp.dial(t)
 	ex := declareDelayed(t, channel(t, conn), "fanout", nil)
 	tests := []struct {
@@ -615,7 +618,7 @@ func TestConfirm_AfterStore(t *testing.T) {
 	plain := channel(t, conn)
 	start := time.Now()
 	publish(t, plain, ex, "", delayedMsg(int32(400), "plain"))
-	eventually(t, 10*time.Second, "the unconfirmed publish to be stored", func() bool { return tp.pending(t, ex) == 21 })
+	testwait.Until(t, 10*time.Second, "the unconfirmed publish to be stored", func() bool { return tp.pending(t, ex) == 21 })
 	got := cons.wait(t, 1, 20*time.Second)
 	if got[0].MessageId != "plain" || got[0].At.Before(start.Add(400*time.Millisecond)) {
 		t.Fatalf("got %s at +%v", got[0].MessageId, got[0].At.Sub(start))
@@ -687,7 +690,7 @@ func TestTx_StoredAtCommit(t *testing.T) {
 	if got[1].At.Before(start.Add(time.Second)) {
 		t.Errorf("committed message arrived early")
 	}
-	eventually(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
 	if n := queueDepth(t, q) + len(cons.snapshot()); n != 3 {
 		t.Fatalf("%d messages reached the queue, want 3 (no rolled-back one)", n)
 	}
@@ -703,11 +706,11 @@ func TestMandatory_NoReturnAtPublish(t *testing.T) {
 	returns := ch.NotifyReturn(make(chan amqp.Return, 10))
 	ex := declareDelayed(t, ch, "direct", nil)
 	publishConfirmed(t, ch, ex, "nowhere", true, delayedMsg(int32(300), "m"))
-	eventually(t, 20*time.Second, "the unroutable counter to move", func() bool {
+	testwait.Until(t, 20*time.Second, "the unroutable counter to move", func() bool {
 		return tp.metric(t, "delayproxy_messages_unroutable_total") == 1
 	})
 	// RabbitMQ confirms a returned message too: it leaves the store.
-	eventually(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
 	if n := tp.metric(t, "delayproxy_messages_released_total"); n != 1 {
 		t.Errorf("messages_released_total = %v, want 1", n)
 	}
@@ -759,7 +762,7 @@ func TestAlternateExchange_AtRelease(t *testing.T) {
 	if b := boundCons.wait(t, 1, 20*time.Second)[0]; b.MessageId != "routed" {
 		t.Fatalf("bound queue got %s", b.MessageId)
 	}
-	eventually(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
 	if n := tp.metric(t, "delayproxy_messages_unroutable_total"); n != 0 {
 		t.Errorf("unroutable = %v: the alternate exchange took it", n)
 	}
@@ -794,7 +797,7 @@ func TestExchangeDelete_DiscardsPending(t *testing.T) {
 	bind(t, q, "", ex, nil)
 	publishConfirmed(t, ch, ex, "", false, delayedMsg(int32(900), "new"))
 	got := cons.wait(t, 1, 20*time.Second)
-	eventually(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
 	if all := append(ids(got), ids(cons.snapshot()[len(got):])...); !slices.Equal(all, []string{"new"}) {
 		t.Fatalf("arrived %v, want only [new]", all)
 	}
@@ -907,13 +910,13 @@ func TestRestart_ExactlyOnce(t *testing.T) {
 			}
 		}
 	}
-	eventually(t, 10*time.Second, "some releases before the stop", func() bool { return queueDepth(t, q) > 0 })
+	testwait.Until(t, 10*time.Second, "some releases before the stop", func() bool { return queueDepth(t, q) > 0 })
 	before := tp.pending(t, ex)
 	tp.restart()
 	if before == 0 {
 		t.Fatal("nothing was pending at the stop")
 	}
-	eventually(t, 30*time.Second, "every message to be released", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 30*time.Second, "every message to be released", func() bool { return tp.pending(t, ex) == 0 })
 	// Every release is confirmed (so enqueued) before it leaves the store.
 	got := drain(t, q)
 	count := map[string]int{}
@@ -967,9 +970,7 @@ func TestDelayed_PublisherAndConsumerThroughProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		brokerCleanup(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(q1.Name, false, false, false); return err })
-	})
+	t.Cleanup(func() { testbroker.DeleteQueue(t, q1.Name) })
 	q2 := declareQueue(t, nil)
 	if err := ch.QueueBind(q1.Name, "a.#", ex, false, nil); err != nil {
 		t.Fatal(err)
@@ -1017,7 +1018,7 @@ func testBurst(t *testing.T, n int) {
 		delay      = time.Hour
 	)
 	clock := &testClock{}
-	tp := startProxyClock(t, nil, clock)
+	tp := startProxyWith(t, nil, testLogger(), delayproxy.WithClock(clock))
 	var chans [publishers]*amqp.Channel
 	for p := range chans {
 		chans[p] = channel(t, tp.dial(t))
@@ -1112,7 +1113,7 @@ func testBurst(t *testing.T, n int) {
 			t.Fatalf("arrival %d is %s, the store's release order has %s", i, got[i].MessageId, m.MessageID)
 		}
 	}
-	eventually(t, 30*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 30*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
 	if rest := cons.stop(t); len(rest) != n {
 		t.Fatalf("%d deliveries, want %d", len(rest), n)
 	}

@@ -1,6 +1,6 @@
 //go:build brokerfaults
 
-package delayproxy
+package e2e
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
@@ -33,9 +34,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // testProxy is a whole delayproxy (listener, store, scheduler, releaser,
 // admin) in front of the test broker, on a data dir kept across restart.
 type testProxy struct {
-	t     testing.TB
-	cfg   Config
-	clock scheduler.Clock // Proxy.clock; nil is the system clock
+	t    testing.TB
+	cfg  delayproxy.Config
+	log  *slog.Logger        // the proxy's logger
+	opts []delayproxy.Option // delayproxy.New's options
 
 	mu      sync.Mutex // guards the fields below, which restart replaces
 	cancel  context.CancelFunc
@@ -48,15 +50,16 @@ type testProxy struct {
 // dir with both listeners on loopback ports; opt may change the Config. The
 // proxy is stopped in t.Cleanup (Run must return nil) and its store is then
 // checked for integrity.
-func startProxy(t testing.TB, opt func(*Config)) *testProxy {
+func startProxy(t testing.TB, opt func(*delayproxy.Config)) *testProxy {
 	t.Helper()
-	return startProxyClock(t, opt, nil)
+	return startProxyWith(t, opt, testLogger())
 }
 
-// startProxyClock is startProxy with the proxy's clock.
-func startProxyClock(t testing.TB, opt func(*Config), clock scheduler.Clock) *testProxy {
+// startProxyWith is startProxy with the proxy's logger and delayproxy.New's
+// options.
+func startProxyWith(t testing.TB, opt func(*delayproxy.Config), logger *slog.Logger, opts ...delayproxy.Option) *testProxy {
 	t.Helper()
-	cfg := DefaultConfig()
+	cfg := delayproxy.DefaultConfig()
 	cfg.ListenAddr = "127.0.0.1:0"
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.UpstreamURL = testbroker.URL(t)
@@ -65,7 +68,7 @@ func startProxyClock(t testing.TB, opt func(*Config), clock scheduler.Clock) *te
 	if opt != nil {
 		opt(&cfg)
 	}
-	tp := &testProxy{t: t, cfg: cfg, clock: clock}
+	tp := &testProxy{t: t, cfg: cfg, log: logger, opts: opts}
 	tp.start()
 	t.Cleanup(func() {
 		tp.mu.Lock()
@@ -164,11 +167,10 @@ func testLogger() *slog.Logger {
 func (tp *testProxy) start() {
 	t := tp.t
 	t.Helper()
-	p, err := New(tp.cfg, testLogger())
+	p, err := delayproxy.New(tp.cfg, tp.log, tp.opts...)
 	if err != nil {
 		t.Fatalf("delayproxy.New: %v", err)
 	}
-	p.clock = tp.clock
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
@@ -257,7 +259,10 @@ func dialURL(t testing.TB, u string) *amqp.Connection {
 		Properties: amqp.Table{"connection_name": "dp-e2e " + t.Name()},
 	})
 	if err != nil {
-		t.Fatalf("dial %s: %v", redactURL(u), err)
+		if pu, perr := url.Parse(u); perr == nil {
+			u = pu.Redacted()
+		}
+		t.Fatalf("dial %s: %v", u, err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -282,15 +287,21 @@ func confirmChannel(t testing.TB, c *amqp.Connection) *amqp.Channel {
 	return ch
 }
 
+// randHex is n random bytes in hex.
+func randHex(t testing.TB, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
 // uniqueName is an exchange or queue name no other test, run or machine
 // shares: "dp-e2e.<test name>.<kind>.<random>".
 func uniqueName(t testing.TB, kind string) string {
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
 	n := strings.NewReplacer("/", ".", " ", "_", "#", "_").Replace(t.Name())
-	return fmt.Sprintf("dp-e2e.%s.%s.%s", n, kind, hex.EncodeToString(b[:]))
+	return fmt.Sprintf("dp-e2e.%s.%s.%s", n, kind, randHex(t, 4))
 }
 
 // declareDelayed declares, through ch (a proxy channel), a durable
@@ -306,9 +317,7 @@ func declareDelayed(t testing.TB, ch *amqp.Channel, typ string, extra amqp.Table
 	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, args); err != nil {
 		t.Fatalf("declare delayed exchange %s (%s): %v", name, typ, err)
 	}
-	t.Cleanup(func() {
-		brokerCleanup(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
-	})
+	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
 	return name
 }
 
@@ -322,9 +331,7 @@ func declareQueue(t testing.TB, args amqp.Table) string {
 		t.Fatalf("declare queue: %v", err)
 	}
 	ch.Close()
-	t.Cleanup(func() {
-		brokerCleanup(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err })
-	})
+	t.Cleanup(func() { testbroker.DeleteQueue(t, name) })
 	return name
 }
 
@@ -338,9 +345,7 @@ func declarePlainExchange(t testing.TB, typ string) string {
 		t.Fatalf("declare exchange: %v", err)
 	}
 	ch.Close()
-	t.Cleanup(func() {
-		brokerCleanup(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
-	})
+	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
 	return name
 }
 
@@ -351,24 +356,6 @@ func bind(t testing.TB, queue, key, exchange string, args amqp.Table) {
 	defer ch.Close()
 	if err := ch.QueueBind(queue, key, exchange, false, args); err != nil {
 		t.Fatalf("bind %s to %s (%q): %v", queue, exchange, key, err)
-	}
-}
-
-// brokerCleanup runs f on a fresh broker channel, reporting errors.
-func brokerCleanup(t testing.TB, f func(*amqp.Channel) error) {
-	c, err := amqp.Dial(testbroker.URL(t))
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	defer c.Close()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	if err := f(ch); err != nil {
-		t.Errorf("cleanup: %v", err)
 	}
 }
 
@@ -506,18 +493,6 @@ func (c *consumer) wait(t testing.TB, n int, d time.Duration) []arrival {
 		case <-timeout.C:
 			t.Fatalf("timed out after %v: %d of %d messages arrived", d, have, n)
 		}
-	}
-}
-
-// eventually fails the test unless f reports true before d has passed.
-func eventually(t testing.TB, d time.Duration, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

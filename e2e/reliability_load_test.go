@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"net/http"
@@ -39,7 +39,7 @@ func TestReliabilityLoad_200Connections(t *testing.T) {
 	got.wait(t, 1, 30*time.Second)
 	http.DefaultClient.CloseIdleConnections()
 
-	rep, err := crashtest.MeasureLoad(tp.URL(), "dp-rel load "+randomTag(t), n, crashtest.Load{
+	rep, err := crashtest.MeasureLoad(tp.URL(), "dp-rel load "+randHex(t, 4), n, crashtest.Load{
 		Delayed: ex,
 		Queue:   pq,
 		Delay:   delaySpread(1, 200*time.Millisecond, time.Second, time.Second, time.Second),

@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"encoding/json"
@@ -10,8 +10,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // closePrompt is how soon after RabbitMQ closed its upstream connection a
@@ -33,8 +35,8 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 	bind(t, q, "", ex, nil)
 	got := consume(t, dialBroker(t), q)
 
-	prefix := "dp-rel upstream " + randomTag(t)
-	pubs, stop := runPublishers(clients, func(i int) *crashtest.Publisher {
+	prefix := "dp-rel upstream " + randHex(t, 4)
+	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {
 		return &crashtest.Publisher{
 			Name:     fmt.Sprintf("%s %d", prefix, i),
 			URL:      tp.URL,
@@ -43,15 +45,15 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 			Rate:     100,
 		}
 	})
-	eventually(t, 30*time.Second, "every client to have messages confirmed", func() bool {
-		for _, p := range pubs {
+	testwait.Until(t, 30*time.Second, "every client to have messages confirmed", func() bool {
+		for _, p := range pubs.All() {
 			if len(p.Ledger().Confirmed) < 20 {
 				return false
 			}
 		}
 		return true
 	})
-	before := confirmedSoFar(pubs)
+	before := pubs.Confirmed()
 	closing := time.Now()
 	if n := testbroker.CloseConnections(t, prefix); n != clients {
 		t.Fatalf("closed %d upstream connections named %q..., want %d", n, prefix, clients)
@@ -59,9 +61,9 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 	closed := time.Now()
 	// Each client saw its connection end, with RabbitMQ's code, no later
 	// than closePrompt after the last close_connection returned.
-	for i, p := range pubs {
+	for i, p := range pubs.All() {
 		var end crashtest.End
-		eventually(t, time.Until(closed.Add(closePrompt)), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
+		testwait.Until(t, time.Until(closed.Add(closePrompt)), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
 			for _, e := range p.Ledger().Ends {
 				if e.At.After(closing) {
 					end = e
@@ -77,17 +79,17 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 			i, end.At.Sub(closing).Round(time.Millisecond), closed.Sub(closing).Round(time.Millisecond), end.Err)
 	}
 	// And goes on publishing over a new connection.
-	eventually(t, 30*time.Second, "clients to publish again", func() bool {
-		for _, p := range pubs {
+	testwait.Until(t, 30*time.Second, "clients to publish again", func() bool {
+		for _, p := range pubs.All() {
 			if l := p.Ledger(); l.Sessions < 2 {
 				return false
 			}
 		}
-		return confirmedSoFar(pubs) >= before+100
+		return pubs.Confirmed() >= before+100
 	})
-	ls := stop()
+	ls := pubs.Stop()
 	awaitDelivered(t, got, pubs, 3*time.Second+30*time.Second)
-	eventually(t, 30*time.Second, "nothing pending", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 30*time.Second, "nothing pending", func() bool { return tp.pending(t, ex) == 0 })
 	tally := crashtest.Count(ls, messageIDs(got.stop(t)))
 	t.Logf("%v", tally)
 	// The store is not touched by the fault: no duplicates at all.
@@ -114,8 +116,8 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 	tp := startProxy(t, nil)
 	proxyURL := withVHost(t, tp.URL(), vh)
 
-	q := "dp-rel.releaser." + randomTag(t)
-	brokerSetup(t, brokerURL, func(ch *amqp.Channel) error {
+	q := "dp-rel.releaser." + randHex(t, 4)
+	testbroker.WithChannel(t, brokerURL, func(ch *amqp.Channel) error {
 		_, err := ch.QueueDeclare(q, true, false, false, false, nil)
 		return err
 	})
@@ -124,11 +126,11 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 	if err := pch.ExchangeDeclare(ex, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "fanout"}); err != nil {
 		t.Fatal(err)
 	}
-	brokerSetup(t, brokerURL, func(ch *amqp.Channel) error { return ch.QueueBind(q, "", ex, false, nil) })
+	testbroker.WithChannel(t, brokerURL, func(ch *amqp.Channel) error { return ch.QueueBind(q, "", ex, false, nil) })
 	got := consume(t, dialURL(t, brokerURL), q)
 
-	prefix := "dp-rel releaser-test " + randomTag(t)
-	pubs, stop := runPublishers(clients, func(i int) *crashtest.Publisher {
+	prefix := "dp-rel releaser-test " + randHex(t, 4)
+	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {
 		return &crashtest.Publisher{
 			Name:     fmt.Sprintf("%s %d", prefix, i),
 			URL:      func() string { return proxyURL },
@@ -137,19 +139,19 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 			Rate:     150,
 		}
 	})
-	eventually(t, 30*time.Second, "releases to begin", func() bool { return len(got.snapshot()) >= 200 })
+	testwait.Until(t, 30*time.Second, "releases to begin", func() bool { return len(got.snapshot()) >= 200 })
 	releaser := "delayproxy releaser " + vh
 	if k := testbroker.CloseConnections(t, releaser); k != 1 {
 		t.Fatalf("closed %d connections named %q, want 1", k, releaser)
 	}
 	at := len(got.snapshot())
-	eventually(t, 30*time.Second, "releases to resume", func() bool { return len(got.snapshot()) >= at+200 })
-	ls := stop()
-	eventually(t, 30*time.Second, "every message to be released", func() bool { return pendingIn(t, tp, vh, ex) == 0 })
+	testwait.Until(t, 30*time.Second, "releases to resume", func() bool { return len(got.snapshot()) >= at+200 })
+	ls := pubs.Stop()
+	testwait.Until(t, 30*time.Second, "every message to be released", func() bool { return pendingIn(t, tp, vh, ex) == 0 })
 	awaitDelivered(t, got, pubs, 30*time.Second)
 	tally := crashtest.Count(ls, messageIDs(got.stop(t)))
 	t.Logf("releaser connection closed with %d delivered: %v", at, tally)
-	if err := tally.Err(MaxReleasesInFlight); err != nil {
+	if err := tally.Err(delayproxy.MaxReleasesInFlight); err != nil {
 		t.Error(err)
 	}
 	if tally.Nacked > 0 || tally.Unanswered > 0 {

@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"encoding/json"
@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -69,7 +71,7 @@ func TestService_MetricsMoveWithDelayedTraffic(t *testing.T) {
 	// The store deletes a release once RabbitMQ confirmed it, batched: the
 	// gauge falls to 0 shortly after the deliveries.
 	var after metricsSnapshot
-	eventually(t, 10*time.Second, "pending gauge back to 0", func() bool {
+	testwait.Until(t, 10*time.Second, "pending gauge back to 0", func() bool {
 		after = scrape(t, tp)
 		v, _ := after.lookup("delayproxy_pending_messages", pending...)
 		// A scrape reads one series after another: wait for the counter too.
@@ -117,7 +119,7 @@ func TestService_ConnectionMetrics(t *testing.T) {
 	}
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("relayed")})
 	var s1 metricsSnapshot
-	eventually(t, 10*time.Second, "connection and channel gauges at 1, the publish relayed", func() bool {
+	testwait.Until(t, 10*time.Second, "connection and channel gauges at 1, the publish relayed", func() bool {
 		s1 = scrape(t, tp)
 		c, _ := s1.lookup("delayproxy_client_connections")
 		n, _ := s1.lookup("delayproxy_channels")
@@ -146,7 +148,7 @@ func TestService_ConnectionMetrics(t *testing.T) {
 	if err := ch.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "channel gauge back to 0", func() bool {
+	testwait.Until(t, 10*time.Second, "channel gauge back to 0", func() bool {
 		v, _ := scrape(t, tp).lookup("delayproxy_channels")
 		return v == 0
 	})
@@ -154,7 +156,7 @@ func TestService_ConnectionMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	var s2 metricsSnapshot
-	eventually(t, 10*time.Second, "connection gauge back to 0, the close counted", func() bool {
+	testwait.Until(t, 10*time.Second, "connection gauge back to 0, the close counted", func() bool {
 		s2 = scrape(t, tp)
 		v, _ := s2.lookup("delayproxy_client_connections")
 		c, _ := s2.lookup("delayproxy_connections_closed_total")
@@ -346,7 +348,7 @@ func TestService_AdminCountListCancel(t *testing.T) {
 	// them, and release goes in due order, so once it is in and the store
 	// is empty a cancelled one would have come; wait a margin more anyway.
 	cons.wait(t, len(wantLeft), 30*time.Second)
-	eventually(t, 10*time.Second, "pending of "+ex+" to reach 0", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 10*time.Second, "pending of "+ex+" to reach 0", func() bool { return tp.pending(t, ex) == 0 })
 	time.Sleep(500 * time.Millisecond) // a margin past every due time, for a message that must not come
 	if got := ids(cons.stop(t)); !slices.Equal(got, wantLeft) {
 		t.Errorf("delivered %v, want %v (cancelled ones must never arrive)", got, wantLeft)
@@ -418,20 +420,20 @@ func TestService_TokenRequiredOffLoopback(t *testing.T) {
 	t.Parallel()
 	for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0", net.JoinHostPort(nonLoopbackHost(t), "0")} {
 		t.Run(addr, func(t *testing.T) {
-			cfg := DefaultConfig()
+			cfg := delayproxy.DefaultConfig()
 			cfg.ListenAddr = "127.0.0.1:0"
 			cfg.DataDir = t.TempDir()
 			cfg.HTTPAddr = addr
-			_, err := New(cfg, testLogger())
+			_, err := delayproxy.New(cfg, testLogger())
 			if err == nil || !strings.Contains(err.Error(), "--admin-token (DELAYPROXY_ADMIN_TOKEN)") {
 				t.Errorf("New with --http-addr %s and no token: %v, want an error naming --admin-token", addr, err)
 			}
 			cfg.AdminToken = svcToken[:15]
-			if _, err := New(cfg, testLogger()); err == nil || !strings.Contains(err.Error(), "--admin-token") {
+			if _, err := delayproxy.New(cfg, testLogger()); err == nil || !strings.Contains(err.Error(), "--admin-token") {
 				t.Errorf("New with a 15-character token: %v, want an error naming --admin-token", err)
 			}
 			cfg.AdminToken = svcToken
-			if _, err := New(cfg, testLogger()); err != nil {
+			if _, err := delayproxy.New(cfg, testLogger()); err != nil {
 				t.Errorf("New with a token: %v", err)
 			}
 		})
@@ -444,7 +446,7 @@ func TestService_TokenRequiredOffLoopback(t *testing.T) {
 func TestService_TokenEnforced(t *testing.T) {
 	t.Parallel()
 	host := nonLoopbackHost(t)
-	tp := startProxy(t, func(c *Config) {
+	tp := startProxy(t, func(c *delayproxy.Config) {
 		c.HTTPAddr = net.JoinHostPort(host, "0")
 		c.AdminToken = svcToken
 	})
@@ -530,7 +532,7 @@ func TestService_HealthAndReadiness(t *testing.T) {
 	t.Run("upstream unreachable", func(t *testing.T) {
 		t.Parallel()
 		port := closedPort(t)
-		tp := startProxy(t, func(c *Config) { c.UpstreamURL = "amqp://guest:guest@127.0.0.1:" + port + "/" })
+		tp := startProxy(t, func(c *delayproxy.Config) { c.UpstreamURL = "amqp://guest:guest@127.0.0.1:" + port + "/" })
 		if code, body := tp.httpDo(t, "GET", "/healthz"); code != 200 {
 			t.Errorf("GET /healthz = %d %q, want 200 (the process is alive)", code, body)
 		}
@@ -574,7 +576,7 @@ func TestService_HeartbeatFlagReachesClients(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.flag.String(), func(t *testing.T) {
-			tp := startProxy(t, func(c *Config) { c.Heartbeat = tt.flag })
+			tp := startProxy(t, func(c *delayproxy.Config) { c.Heartbeat = tt.flag })
 			if got := tp.dial(t).Config.Heartbeat; got != tt.want {
 				t.Fatalf("negotiated heartbeat %v, want %v", got, tt.want)
 			}
