@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // malformedCases send something broken on an open connection; code is what
@@ -180,7 +181,7 @@ func TestClientMissedHeartbeats(t *testing.T) {
 	if beats < 2 {
 		t.Fatalf("proxy sent %d heartbeats in two intervals", beats)
 	}
-	within(t, 5*time.Second, "the upstream connection to close", func() bool { return fw.open() == 0 })
+	testwait.Until(t, 5*time.Second, "the upstream connection to close", func() bool { return fw.open() == 0 })
 }
 
 func TestShutdown(t *testing.T) {
@@ -255,7 +256,7 @@ func TestBackPressure(t *testing.T) {
 	c.expect(1, wire.IDBasicConsumeOk)
 
 	var s *session
-	within(t, 5*time.Second, "the session", func() bool {
+	testwait.Until(t, 5*time.Second, "the session", func() bool {
 		p.srv.mu.Lock()
 		defer p.srv.mu.Unlock()
 		for x := range p.srv.sessions {

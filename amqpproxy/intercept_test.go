@@ -14,6 +14,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // testHooks is a configurable interceptor: every field may be nil.
@@ -149,7 +151,7 @@ func checkConfirms(t *testing.T, ch *amqp.Channel, confirms <-chan amqp.Confirma
 		}
 		body := fmt.Sprintf("%s-%d", prefix, i)
 		var want, known bool
-		within(t, 5*time.Second, "the fate of "+body, func() bool { want, known = fate(body); return known })
+		testwait.Until(t, 5*time.Second, "the fate of "+body, func() bool { want, known = fate(body); return known })
 		if c.Ack != want {
 			t.Fatalf("%s: tag %d ack=%v, want %v", prefix, c.DeliveryTag, c.Ack, want)
 		}
@@ -314,7 +316,7 @@ func TestInterceptDeclareRewriteHeldReply(t *testing.T) {
 	conn := p.dial(t, amqp.Config{})
 	ch := channel(t, conn)
 	name := uniqueName(t)
-	t.Cleanup(func() { deleteExchange(t, name) })
+	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
 	start := time.Now()
 	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "topic"}); err != nil {
 		t.Fatal(err)
@@ -322,7 +324,7 @@ func TestInterceptDeclareRewriteHeldReply(t *testing.T) {
 	if held.Load() != 1 || time.Since(start) < 100*time.Millisecond {
 		t.Fatalf("declare-ok reached the client before the hook passed it (%v)", time.Since(start))
 	}
-	if out := rabbitmqctl(t, "list_exchanges", "name", "type"); !strings.Contains(out, name+"\ttopic") {
+	if out := testbroker.Ctl(t, "list_exchanges", "name", "type"); !strings.Contains(out, name+"\ttopic") {
 		t.Fatalf("exchange %s is not a topic exchange upstream:\n%s", name, out)
 	}
 	// The same channel goes on: a plain declare passes through.
@@ -374,7 +376,7 @@ func TestInterceptNoWaitMadeSync(t *testing.T) {
 	p := startProxy(t, Config{Interceptor: hooks})
 	ch := channel(t, p.dial(t, amqp.Config{}))
 	name := uniqueName(t)
-	t.Cleanup(func() { deleteExchange(t, name) })
+	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
 	if err := ch.ExchangeDeclare(name, "fanout", false, false, false, true, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -629,7 +631,7 @@ func TestInterceptLifecycle(t *testing.T) {
 	c.send(1, &wire.ChannelCloseOk{})
 	c.send(0, &wire.ConnectionClose{ReplyCode: 200})
 	c.expect(0, wire.IDConnectionCloseOk)
-	within(t, 5*time.Second, "Closed", func() bool { return hooks.closed.Load() == 1 })
+	testwait.Until(t, 5*time.Second, "Closed", func() bool { return hooks.closed.Load() == 1 })
 	if hooks.opened.Load() != 1 {
 		t.Fatalf("Open called %d times", hooks.opened.Load())
 	}

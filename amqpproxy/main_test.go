@@ -129,54 +129,8 @@ func declareQueue(t testing.TB, args amqp.Table) string {
 	if _, err := ch.QueueDeclare(name, false, false, false, false, args); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { deleteQueue(t, name) })
+	t.Cleanup(func() { testbroker.DeleteQueue(t, name) })
 	return name
-}
-
-func deleteQueue(t testing.TB, name string) {
-	c, err := amqp.Dial(testbroker.URL(t))
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	defer c.Close()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
-		t.Errorf("cleanup: delete queue %s: %v", name, err)
-	}
-}
-
-func deleteExchange(t testing.TB, name string) {
-	c, err := amqp.Dial(testbroker.URL(t))
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	defer c.Close()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	if err := ch.ExchangeDelete(name, false, false); err != nil {
-		t.Errorf("cleanup: delete exchange %s: %v", name, err)
-	}
-}
-
-// within fails the test unless f reports true before the deadline.
-func within(t testing.TB, d time.Duration, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func ctxTimeout(t testing.TB, d time.Duration) context.Context {

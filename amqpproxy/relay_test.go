@@ -10,6 +10,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // Every test here runs amqp091-go through the proxy against the real
@@ -57,7 +59,7 @@ func next(t testing.TB, msgs <-chan amqp.Delivery) amqp.Delivery {
 func get(t testing.TB, ch *amqp.Channel, q string) amqp.Delivery {
 	t.Helper()
 	var d amqp.Delivery
-	within(t, 10*time.Second, "a message in "+q, func() bool {
+	testwait.Until(t, 10*time.Second, "a message in "+q, func() bool {
 		var ok bool
 		var err error
 		d, ok, err = ch.Get(q, true)
@@ -113,7 +115,7 @@ func TestRejectNackQuorum(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { deleteQueue(t, q) })
+	t.Cleanup(func() { testbroker.DeleteQueue(t, q) })
 	if err := ch.Qos(1, 0, false); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +181,7 @@ func TestTTL(t *testing.T) {
 		if _, err := ch.QueueDeclare(q.name, false, false, false, false, q.args); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { deleteQueue(t, q.name) })
+		t.Cleanup(func() { testbroker.DeleteQueue(t, q.name) })
 	}
 	publish(t, ch, "", perMsg, amqp.Publishing{Body: []byte("per-message"), Expiration: "50"})
 	publish(t, ch, "", perQueue, amqp.Publishing{Body: []byte("per-queue")})
@@ -411,7 +413,7 @@ func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := channel(t, p.dial(t, amqp.Config{}))
-	within(t, 5*time.Second, "the auto-delete queue to go", func() bool {
+	testwait.Until(t, 5*time.Second, "the auto-delete queue to go", func() bool {
 		_, err := c.QueueDeclarePassive(auto, false, true, false, false, nil)
 		if err == nil {
 			return false
@@ -433,7 +435,7 @@ func TestExchangeToExchangeBinding(t *testing.T) {
 		if err := ch.ExchangeDeclare(e.name, e.kind, false, false, false, false, nil); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { deleteExchange(t, e.name) })
+		t.Cleanup(func() { testbroker.DeleteExchange(t, e.name) })
 	}
 	q := declareQueue(t, nil)
 	if err := ch.QueueBind(q, "k", dst, false, nil); err != nil {
@@ -515,7 +517,7 @@ func TestConsumerCancelNotify(t *testing.T) {
 	if _, err := ch.Consume(q, "the-consumer", false, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	deleteQueue(t, q)
+	testbroker.DeleteQueue(t, q)
 	select {
 	case tag := <-cancels:
 		if tag != "the-consumer" {
