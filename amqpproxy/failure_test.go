@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
@@ -118,7 +119,7 @@ func TestUpstreamConnectionLost(t *testing.T) {
 	p := startProxy(t, Config{Upstream: "amqp://" + fw.l.Addr().String()})
 	conn := p.dial(t, amqp.Config{})
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	channel(t, conn)
+	testbroker.Channel(t, conn)
 	fw.cut()
 	select {
 	case e := <-closed:
@@ -189,7 +190,7 @@ func TestShutdown(t *testing.T) {
 	p := startProxy(t, Config{})
 	conn := p.dial(t, amqp.Config{})
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	channel(t, conn)
+	testbroker.Channel(t, conn)
 	half := rawDial(t, p.addr) // in its handshake
 	half.raw(wire.ProtocolHeader[:])
 	half.expect(0, wire.IDConnectionStart)
@@ -239,7 +240,7 @@ func TestBackPressure(t *testing.T) {
 	const limit = 64 << 10
 	p := startProxy(t, Config{WriteQueueBytes: limit})
 	q := declareQueue(t, nil)
-	producer := channel(t, dialBroker(t))
+	producer := testbroker.Channel(t, dialBroker(t))
 	if err := producer.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +317,7 @@ func TestHeartbeatOffer(t *testing.T) {
 			if got := conn.Config.Heartbeat; got != time.Duration(max(tt.want, 1))*time.Second {
 				t.Fatalf("negotiated %v", got)
 			}
-			channel(t, conn)
+			testbroker.Channel(t, conn)
 		})
 	}
 }

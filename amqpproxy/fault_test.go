@@ -23,7 +23,7 @@ func TestFaultConnectionBlocked(t *testing.T) {
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
 	conn := p.dial(t, amqp.Config{})
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	t.Cleanup(func() { testbroker.Ctl(t, "set_vm_memory_high_watermark", "0.4") })
 	testbroker.Ctl(t, "set_vm_memory_high_watermark", "0.0000001")

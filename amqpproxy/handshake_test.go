@@ -194,7 +194,7 @@ func TestTLSListener(t *testing.T) {
 	}
 	defer conn.Close()
 	q := declareQueue(t, nil)
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("over tls")})
 	if d := get(t, ch, q); string(d.Body) != "over tls" {
 		t.Fatalf("got %q", d.Body)
@@ -230,7 +230,7 @@ func TestUpstreamTLS(t *testing.T) {
 	tl := tls.NewListener(listen(t), &tls.Config{Certificates: []tls.Certificate{cert.TLS}})
 	fw := startForwarder(t, tl, brokerAddr(t))
 	p := startProxy(t, Config{Upstream: "amqps://" + fw.l.Addr().String(), UpstreamTLS: &tls.Config{RootCAs: cert.Pool}})
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	q := declareQueue(t, nil)
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("tls upstream")})
 	if d := get(t, ch, q); string(d.Body) != "tls upstream" {

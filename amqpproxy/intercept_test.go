@@ -176,7 +176,7 @@ func TestInterceptConfirmsFakeBroker(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for c := range 4 {
-		ch := channel(t, conn)
+		ch := testbroker.Channel(t, conn)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -207,7 +207,7 @@ func TestInterceptConfirmsRabbitMQ(t *testing.T) {
 	var wg sync.WaitGroup
 	relayed := make([]int, 3)
 	for c := range 3 {
-		ch := channel(t, conn)
+		ch := testbroker.Channel(t, conn)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -216,7 +216,7 @@ func TestInterceptConfirmsRabbitMQ(t *testing.T) {
 	}
 	wg.Wait()
 	hooks.wg.Wait()
-	st, err := channel(t, conn).QueueDeclarePassive(q, false, false, false, false, nil)
+	st, err := testbroker.Channel(t, conn).QueueDeclarePassive(q, false, false, false, false, nil)
 	if want := relayed[0] + relayed[1] + relayed[2]; err != nil || st.Messages != want {
 		t.Fatalf("queue holds %d (%v), want the %d relayed", st.Messages, err, want)
 	}
@@ -256,7 +256,7 @@ func TestInterceptChannelClosedWithConfirmsPending(t *testing.T) {
 			conn := p.dial(t, amqp.Config{})
 			closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 			for round := range 3 {
-				ch := channel(t, conn)
+				ch := testbroker.Channel(t, conn)
 				if err := ch.Confirm(false); err != nil {
 					t.Fatal(err)
 				}
@@ -268,7 +268,7 @@ func TestInterceptChannelClosedWithConfirmsPending(t *testing.T) {
 				}
 			}
 			hooks.wg.Wait() // every late answer has been given
-			ch := channel(t, conn)
+			ch := testbroker.Channel(t, conn)
 			publishAndCheck(t, ch, "after", q, 30, fate)
 			select {
 			case e := <-closed:
@@ -314,7 +314,7 @@ func TestInterceptDeclareRewriteHeldReply(t *testing.T) {
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
 	conn := p.dial(t, amqp.Config{})
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	name := uniqueName(t)
 	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
 	start := time.Now()
@@ -333,7 +333,7 @@ func TestInterceptDeclareRewriteHeldReply(t *testing.T) {
 	}
 
 	// Missing x-delayed-type: 406 from the proxy, channel closed, connection fine.
-	bad := channel(t, conn)
+	bad := testbroker.Channel(t, conn)
 	closedCh := bad.NotifyClose(make(chan *amqp.Error, 1))
 	err := bad.ExchangeDeclare(uniqueName(t), "x-delayed-message", true, false, false, false, nil)
 	var ae *amqp.Error
@@ -344,7 +344,7 @@ func TestInterceptDeclareRewriteHeldReply(t *testing.T) {
 	if e := <-closedCh; e == nil || e.Code != amqp.PreconditionFailed {
 		t.Fatalf("channel closed with %v", e)
 	}
-	again := channel(t, conn) // reuses the number the proxy closed
+	again := testbroker.Channel(t, conn) // reuses the number the proxy closed
 	if err := again.ExchangeDeclarePassive(name, "topic", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +374,7 @@ func TestInterceptNoWaitMadeSync(t *testing.T) {
 		})
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	name := uniqueName(t)
 	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
 	if err := ch.ExchangeDeclare(name, "fanout", false, false, false, true, nil); err != nil {
@@ -406,7 +406,7 @@ func TestInterceptAnswerLocally(t *testing.T) {
 		c.Relay(nil, nil)
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	q, err := ch.QueueDeclare("local-answer", false, false, false, false, nil)
 	if err != nil || q.Messages != 42 || q.Consumers != 7 {
 		t.Fatalf("local answer: %+v %v", q, err)
@@ -456,7 +456,7 @@ func TestInterceptTxGating(t *testing.T) {
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
 	}
@@ -504,7 +504,7 @@ func TestInterceptCloseChannelMidContent(t *testing.T) {
 	q := declareQueue(t, nil)
 	conn := p.dial(t, amqp.Config{FrameSize: 4096})
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	body := make([]byte, 8<<20)
 	publish(t, ch, "", "big", amqp.Publishing{Body: body})
@@ -518,7 +518,7 @@ func TestInterceptCloseChannelMidContent(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("channel not closed")
 	}
-	ch2 := channel(t, conn)
+	ch2 := testbroker.Channel(t, conn)
 	publish(t, ch2, "", q, amqp.Publishing{Body: []byte("after")})
 	if d := get(t, ch2, q); string(d.Body) != "after" {
 		t.Fatalf("got %q", d.Body)
@@ -537,7 +537,7 @@ func TestInterceptPublishCloseChannel(t *testing.T) {
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
 	conn := p.dial(t, amqp.Config{})
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -650,7 +650,7 @@ func TestInterceptRelayAssembled(t *testing.T) {
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}

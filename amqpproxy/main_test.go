@@ -2,13 +2,8 @@ package amqpproxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"net/url"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,6 +13,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testlog"
+	"github.com/delayproxy/delayproxy/internal/testserver"
 )
 
 func TestMain(m *testing.M) {
@@ -31,14 +28,6 @@ type testProxy struct {
 	addr string
 }
 
-// testLogger discards logs unless DELAYPROXY_TEST_LOG is set.
-func testLogger() *slog.Logger {
-	if os.Getenv("DELAYPROXY_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
 // startProxy starts a Server for the test; cfg.Upstream defaults to the
 // test broker. The Server is closed in t.Cleanup, and Serve must return
 // ErrServerClosed.
@@ -48,25 +37,13 @@ func startProxy(t testing.TB, cfg Config) *testProxy {
 		cfg.Upstream = testbroker.URL(t)
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = testLogger()
+		cfg.Logger = testlog.New()
 	}
 	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	t.Cleanup(func() {
-		srv.Close()
-		if err := <-served; !errors.Is(err, ErrServerClosed) {
-			t.Errorf("Serve returned %v, want ErrServerClosed", err)
-		}
-	})
-	return &testProxy{srv: srv, addr: l.Addr().String()}
+	return &testProxy{srv: srv, addr: testserver.Serve(t, srv, ErrServerClosed)}
 }
 
 // url is the proxy's address with the broker's credentials and vhost.
@@ -94,21 +71,7 @@ func (p *testProxy) dial(t testing.TB, cfg amqp.Config) *amqp.Connection {
 // dialBroker connects straight to RabbitMQ; closed in Cleanup.
 func dialBroker(t testing.TB) *amqp.Connection {
 	t.Helper()
-	c, err := amqp.Dial(testbroker.URL(t))
-	if err != nil {
-		t.Fatalf("dial broker: %v", err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func channel(t testing.TB, c *amqp.Connection) *amqp.Channel {
-	t.Helper()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ch
+	return testbroker.Dial(t, testbroker.URL(t))
 }
 
 var nameSeq atomic.Uint64
@@ -125,7 +88,7 @@ func declareQueue(t testing.TB, args amqp.Table) string {
 	t.Helper()
 	name := uniqueName(t)
 	conn := dialBroker(t)
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	if _, err := ch.QueueDeclare(name, false, false, false, false, args); err != nil {
 		t.Fatal(err)
 	}

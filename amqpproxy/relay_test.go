@@ -75,7 +75,7 @@ func TestPublishConsumeAck(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestRejectNackQuorum(t *testing.T) {
 	p := startProxy(t, Config{})
 	dlq := declareQueue(t, nil)
 	q := uniqueName(t)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{
 		"x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq,
 	}); err != nil {
@@ -168,7 +168,7 @@ func TestTTL(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	dlq := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	perMsg := uniqueName(t)
 	perQueue := uniqueName(t)
 	for _, q := range []struct {
@@ -203,7 +203,7 @@ func TestMaxLength(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, amqp.Table{"x-max-length": int32(2)})
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestPriorityQueue(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, amqp.Table{"x-max-priority": int32(10)})
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestConfirmsMany(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +305,7 @@ func TestMandatoryReturnBeforeAck(t *testing.T) {
 	}
 
 	// The same through amqp091-go.
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +327,7 @@ func TestTxCommitRollback(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +358,7 @@ func TestBasicGetPurgeRecover(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if _, ok, err := ch.Get(q, false); err != nil || ok {
 		t.Fatalf("get on an empty queue: %v %v", ok, err)
 	}
@@ -391,12 +391,12 @@ func TestBasicGetPurgeRecover(t *testing.T) {
 func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
-	a := channel(t, p.dial(t, amqp.Config{}))
+	a := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	excl, err := a.QueueDeclare("", false, false, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := channel(t, p.dial(t, amqp.Config{}))
+	b := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	_, err = b.QueueDeclarePassive(excl.Name, false, false, true, false, nil)
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || ae.Code != amqp.ResourceLocked {
@@ -412,7 +412,7 @@ func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
 	if err := a.Cancel("c1", false); err != nil {
 		t.Fatal(err)
 	}
-	c := channel(t, p.dial(t, amqp.Config{}))
+	c := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	testwait.Until(t, 5*time.Second, "the auto-delete queue to go", func() bool {
 		_, err := c.QueueDeclarePassive(auto, false, true, false, false, nil)
 		if err == nil {
@@ -421,7 +421,7 @@ func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
 		if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
 			t.Fatalf("passive declare: %v", err)
 		}
-		c = channel(t, p.dial(t, amqp.Config{}))
+		c = testbroker.Channel(t, p.dial(t, amqp.Config{}))
 		return true
 	})
 }
@@ -429,7 +429,7 @@ func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
 func TestExchangeToExchangeBinding(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	src, dst := uniqueName(t), uniqueName(t)
 	for _, e := range []struct{ name, kind string }{{src, "fanout"}, {dst, "direct"}} {
 		if err := ch.ExchangeDeclare(e.name, e.kind, false, false, false, false, nil); err != nil {
@@ -483,7 +483,7 @@ func TestChannelErrorClosesOnlyThatChannel(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	conn := p.dial(t, amqp.Config{})
-	bad, good := channel(t, conn), channel(t, conn)
+	bad, good := testbroker.Channel(t, conn), testbroker.Channel(t, conn)
 	closed := bad.NotifyClose(make(chan *amqp.Error, 1))
 	_, err := bad.QueueDeclarePassive(uniqueName(t), false, false, false, false, nil)
 	var ae *amqp.Error
@@ -497,7 +497,7 @@ func TestChannelErrorClosesOnlyThatChannel(t *testing.T) {
 	if _, err := good.QueueDeclarePassive(q, false, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	again := channel(t, conn) // the freed number is reused
+	again := testbroker.Channel(t, conn) // the freed number is reused
 	if _, err := again.QueueDeclarePassive(q, false, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -512,7 +512,7 @@ func TestConsumerCancelNotify(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	cancels := ch.NotifyCancel(make(chan string, 1))
 	if _, err := ch.Consume(q, "the-consumer", false, false, false, false, nil); err != nil {
 		t.Fatal(err)
@@ -534,7 +534,7 @@ func TestLargeBodySmallFrames(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
 	body := make([]byte, 10<<20)
 	for i := range body {
 		body[i] = byte(i * 7)
@@ -559,7 +559,7 @@ func TestHeartbeatsKeepIdleConnection(t *testing.T) {
 	q := declareQueue(t, nil)
 	conn := p.dial(t, amqp.Config{Heartbeat: time.Second})
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	select {
 	case e := <-closed:
 		t.Fatalf("idle connection closed: %v", e)
@@ -575,7 +575,7 @@ func TestChannelFlowRelayed(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	conn := p.dial(t, amqp.Config{})
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	if err := ch.Flow(true); err != nil {
 		t.Fatal(err)
 	}
@@ -596,7 +596,7 @@ func TestAMQPLAIN(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	conn := p.dial(t, amqp.Config{SASL: []amqp.Authentication{&amqp.AMQPlainAuth{Username: "guest", Password: "guest"}}})
-	if _, err := channel(t, conn).QueueDeclare("", false, true, true, false, nil); err != nil {
+	if _, err := testbroker.Channel(t, conn).QueueDeclare("", false, true, true, false, nil); err != nil {
 		t.Fatal(err)
 	}
 }

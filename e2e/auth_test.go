@@ -27,7 +27,7 @@ func withUser(t testing.TB, u, user, pass string) string {
 // and returns the reason of the channel error it is refused with.
 func refusedReason(t testing.TB, conn *amqp.Connection, exchange, key string) string {
 	t.Helper()
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	publish(t, ch, exchange, key, delayedMsg(100, "refused"))
 	e := closeError(t, closed)
@@ -51,7 +51,7 @@ func TestAuth_DelayedPublishNeedsTheUsersPermissions(t *testing.T) {
 	tp := startProxy(t, nil)
 	suffix := randHex(t, 4)
 	okEx, noEx, topicEx := "dp-authok."+suffix, "dp-authno."+suffix, "dp-authok.topic."+suffix
-	guest := channel(t, tp.dial(t))
+	guest := testbroker.Channel(t, tp.dial(t))
 	for _, x := range []struct{ name, typ string }{{okEx, "direct"}, {noEx, "direct"}, {topicEx, "topic"}} {
 		if err := guest.ExchangeDeclare(x.name, "x-delayed-message", false, false, false, false, amqp.Table{"x-delayed-type": x.typ}); err != nil {
 			t.Fatalf("declare %s: %v", x.name, err)
@@ -68,8 +68,8 @@ func TestAuth_DelayedPublishNeedsTheUsersPermissions(t *testing.T) {
 	testbroker.Ctl(t, "set_permissions", "-p", "/", user, "", `^dp-authok\.`, "")
 	testbroker.Ctl(t, "set_topic_permissions", "-p", "/", user, topicEx, `^allowed\.`, ".*")
 
-	conn := dialURL(t, withUser(t, tp.URL(), user, pass))
-	direct := dialURL(t, withUser(t, testbroker.URL(t), user, pass))
+	conn := testbroker.Dial(t, withUser(t, tp.URL(), user, pass))
+	direct := testbroker.Dial(t, withUser(t, testbroker.URL(t), user, pass))
 
 	// Allowed, then refused on the same connection.
 	publishConfirmed(t, confirmChannel(t, conn), okEx, "k", false, delayedMsg(200, "ok-direct"))

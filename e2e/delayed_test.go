@@ -20,6 +20,7 @@ import (
 	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testlog"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
@@ -101,7 +102,7 @@ func TestDelayedExchange_RoutesLikeItsType(t *testing.T) {
 
 			// The real exchange upstream is a plain one of the underlying
 			// type, arguments unchanged: an equivalent declare succeeds.
-			bch := channel(t, dialBroker(t))
+			bch := testbroker.Channel(t, dialBroker(t))
 			if err := bch.ExchangeDeclare(ex, tt.typ, true, false, false, false, amqp.Table{"x-delayed-type": tt.typ}); err != nil {
 				t.Fatalf("upstream exchange is not a %s exchange: %v", tt.typ, err)
 			}
@@ -176,7 +177,7 @@ func TestDelayedExchange_DeclareErrors(t *testing.T) {
 	// What RabbitMQ itself answers for an unknown exchange type.
 	direct := dialBroker(t)
 	connClosed := direct.NotifyClose(make(chan *amqp.Error, 1))
-	err := channel(t, direct).ExchangeDeclare(uniqueName(t, "nope"), "x-nope", false, true, false, false, nil)
+	err := testbroker.Channel(t, direct).ExchangeDeclare(uniqueName(t, "nope"), "x-nope", false, true, false, false, nil)
 	want := closeError(t, connClosed)
 	if !errorIs(err, amqp.CommandInvalid, "x-nope") {
 		t.Fatalf("RabbitMQ answered an unknown type with %v; the test expects 503 COMMAND_INVALID", err)
@@ -201,7 +202,7 @@ func TestDelayedExchange_DeclareErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			conn := tp.dial(t)
 			connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
-			ch := channel(t, conn)
+			ch := testbroker.Channel(t, conn)
 			chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 			name := uniqueName(t, "x")
 			err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, tt.args)
@@ -217,17 +218,17 @@ func TestDelayedExchange_DeclareErrors(t *testing.T) {
 				t.Error("a channel error closed the connection")
 			} else {
 				// The connection still works.
-				if _, err := channel(t, conn).QueueDeclare("", false, true, true, false, nil); err != nil {
+				if _, err := testbroker.Channel(t, conn).QueueDeclare("", false, true, true, false, nil); err != nil {
 					t.Errorf("connection unusable after the channel error: %v", err)
 				}
 			}
 			if code, body := tp.httpDo(t, http.MethodGet, exchangePath(name)); code != http.StatusNotFound {
 				t.Errorf("refused exchange is in the registry: %d %s", code, body)
 			}
-			bch := channel(t, dialBroker(t))
+			bch := testbroker.Channel(t, dialBroker(t))
 			if err := bch.ExchangeDeclarePassive(name, "direct", true, false, false, false, nil); !errorIs(err, amqp.NotFound, "") {
 				t.Errorf("refused exchange exists upstream: %v", err)
-				bch2 := channel(t, dialBroker(t))
+				bch2 := testbroker.Channel(t, dialBroker(t))
 				bch2.ExchangeDelete(name, false, false)
 			}
 		})
@@ -272,14 +273,14 @@ func TestDelayedExchange_Redeclare(t *testing.T) {
 		{"alternate exchange", true, amqp.Table{"x-delayed-type": "direct", "note": "v1", "alternate-exchange": "ae"}, "inequivalent arg 'alternate-exchange'"},
 	}
 	for _, tt := range inequivalent {
-		ch2 := channel(t, conn)
+		ch2 := testbroker.Channel(t, conn)
 		err := ch2.ExchangeDeclare(ex, "x-delayed-message", tt.durable, false, false, false, tt.args)
 		if !errorIs(err, amqp.PreconditionFailed, tt.reason) {
 			t.Errorf("%s: redeclare = %v, want 406 %q", tt.name, err, tt.reason)
 		}
 	}
 	// Passive declares of a missing exchange: RabbitMQ's 404.
-	ch3 := channel(t, conn)
+	ch3 := testbroker.Channel(t, conn)
 	if err := ch3.ExchangeDeclarePassive(uniqueName(t, "missing"), "x-delayed-message", true, false, false, false, nil); !errorIs(err, amqp.NotFound, "no exchange") {
 		t.Errorf("passive declare of a missing exchange = %v, want 404", err)
 	}
@@ -302,7 +303,7 @@ func TestDelayedExchange_NoWaitDeclareThenPublish(t *testing.T) {
 	t.Parallel()
 	tp := startProxy(t, nil)
 	conn := tp.dial(t)
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	ex := uniqueName(t, "x")
 	t.Cleanup(func() { testbroker.DeleteExchange(t, ex) })
 	start := time.Now()
@@ -435,7 +436,7 @@ func TestXDelay_Refused(t *testing.T) {
 	t.Parallel()
 	tp := startProxy(t, func(c *delayproxy.Config) { c.MaxDelay, c.MaxMessageSize = time.Hour, 1024 })
 	conn := tp.dial(t)
-	ex := declareDelayed(t, channel(t, conn), "fanout", nil)
+	ex := declareDelayed(t, testbroker.Channel(t, conn), "fanout", nil)
 	tests := []struct {
 		name   string
 		value  any
@@ -449,7 +450,7 @@ func TestXDelay_Refused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		for _, confirm := range []bool{false, true} {
-			ch := channel(t, conn)
+			ch := testbroker.Channel(t, conn)
 			if confirm {
 				if err := ch.Confirm(false); err != nil {
 					t.Fatal(err)
@@ -485,9 +486,7 @@ func TestXDelay_BeyondUint32IsHeld(t *testing.T) {
 	t.Parallel()
 	tp := startProxy(t, nil)
 	ch := confirmChannel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, ch, "fanout", "")
 	publishConfirmed(t, ch, ex, "", false, delayedMsg(int64(math.MaxUint32)+1, "far"))
 	publishConfirmed(t, ch, ex, "", false, delayedMsg(uint32(math.MaxUint32), "edge"))
 	if n := tp.pending(t, ex); n != 2 {
@@ -524,9 +523,7 @@ func TestRelease_MessageUnchanged(t *testing.T) {
 	t.Parallel()
 	tp := startProxy(t, nil)
 	ch := confirmChannel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "direct", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "route.me", ex, nil)
+	ex, q := delayedQueue(t, ch, "direct", "route.me")
 	cons := consume(t, dialBroker(t), q)
 	ts := time.Unix(time.Now().Unix()-3600, 0)
 	body := bytes.Repeat([]byte{0, 1, 2, 0xff, 'x'}, 1000) // several frames' worth at small frame_max
@@ -615,7 +612,7 @@ func TestConfirm_AfterStore(t *testing.T) {
 		}
 	}
 	// Without confirm mode.
-	plain := channel(t, conn)
+	plain := testbroker.Channel(t, conn)
 	start := time.Now()
 	publish(t, plain, ex, "", delayedMsg(int32(400), "plain"))
 	testwait.Until(t, 10*time.Second, "the unconfirmed publish to be stored", func() bool { return tp.pending(t, ex) == 21 })
@@ -634,7 +631,7 @@ func TestTx_StoredAtCommit(t *testing.T) {
 	t.Parallel()
 	tp := startProxy(t, nil)
 	conn := tp.dial(t)
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	ex, q, cons := delayedFanout(t, ch)
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
@@ -893,9 +890,7 @@ func TestRestart_ExactlyOnce(t *testing.T) {
 	const n = 300
 	tp := startProxy(t, nil)
 	ch := confirmChannel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, ch, "fanout", "")
 	for i := range n {
 		// Spread over 0.1-2.5 s: some are released before the stop,
 		// some while it stops, the rest after the restart.
@@ -1018,17 +1013,15 @@ func testBurst(t *testing.T, n int) {
 		delay      = time.Hour
 	)
 	clock := &testClock{}
-	tp := startProxyWith(t, nil, testLogger(), delayproxy.WithClock(clock))
+	tp := startProxyWith(t, nil, testlog.New(), delayproxy.WithClock(clock))
 	var chans [publishers]*amqp.Channel
 	for p := range chans {
-		chans[p] = channel(t, tp.dial(t))
+		chans[p] = testbroker.Channel(t, tp.dial(t))
 		if err := chans[p].Tx(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ex := declareDelayed(t, chans[0], "direct", nil)
-	q := declareQueue(t, nil) // classic, no x-max-priority: arrival order is kept
-	bind(t, q, "k", ex, nil)
+	ex, q := delayedQueue(t, chans[0], "direct", "k") // q: classic, no x-max-priority: arrival order is kept
 	cons := consume(t, dialBroker(t), q)
 
 	frozen := clock.freeze()

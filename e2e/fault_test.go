@@ -58,9 +58,7 @@ func TestFaultBrokerStopDuringRelease(t *testing.T) {
 	const n = 3000
 	tp := startProxy(t, nil)
 	ch := confirmChannel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "fanout", nil) // durable
-	q := declareQueue(t, nil)                  // durable; messages are persistent
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, ch, "fanout", "") // durable; messages are persistent
 
 	confirms := make([]*amqp.DeferredConfirmation, n)
 	for i := range n {

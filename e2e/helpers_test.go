@@ -7,11 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -23,6 +21,8 @@ import (
 
 	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testlog"
+	"github.com/delayproxy/delayproxy/internal/testproxy"
 	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
 )
@@ -39,11 +39,10 @@ type testProxy struct {
 	log  *slog.Logger        // the proxy's logger
 	opts []delayproxy.Option // delayproxy.New's options
 
-	mu      sync.Mutex // guards the fields below, which restart replaces
-	cancel  context.CancelFunc
-	done    chan error // Run's result
-	amqpURL string     // amqp://user:pass@127.0.0.1:port/ with the broker's credentials
-	httpURL string     // http://127.0.0.1:port
+	mu      sync.Mutex         // guards the fields below, which restart replaces
+	run     *testproxy.Running // nil when stopped
+	amqpURL string             // amqp://user:pass@127.0.0.1:port/ with the broker's credentials
+	httpURL string             // http://127.0.0.1:port
 }
 
 // startProxy runs a Proxy in front of testbroker.URL on a t.TempDir() data
@@ -52,19 +51,14 @@ type testProxy struct {
 // checked for integrity.
 func startProxy(t testing.TB, opt func(*delayproxy.Config)) *testProxy {
 	t.Helper()
-	return startProxyWith(t, opt, testLogger())
+	return startProxyWith(t, opt, testlog.New())
 }
 
 // startProxyWith is startProxy with the proxy's logger and delayproxy.New's
 // options.
 func startProxyWith(t testing.TB, opt func(*delayproxy.Config), logger *slog.Logger, opts ...delayproxy.Option) *testProxy {
 	t.Helper()
-	cfg := delayproxy.DefaultConfig()
-	cfg.ListenAddr = "127.0.0.1:0"
-	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.UpstreamURL = testbroker.URL(t)
-	cfg.DataDir = t.TempDir()
-	cfg.ShutdownGrace = 10 * time.Second
+	cfg := testproxy.Config(t)
 	if opt != nil {
 		opt(&cfg)
 	}
@@ -72,7 +66,7 @@ func startProxyWith(t testing.TB, opt func(*delayproxy.Config), logger *slog.Log
 	tp.start()
 	t.Cleanup(func() {
 		tp.mu.Lock()
-		running := tp.cancel != nil
+		running := tp.run != nil
 		tp.mu.Unlock()
 		if running {
 			tp.stop()
@@ -156,45 +150,12 @@ func checkStore(t testing.TB, path string) {
 	}
 }
 
-// testLogger discards logs unless DELAYPROXY_TEST_LOG is set.
-func testLogger() *slog.Logger {
-	if os.Getenv("DELAYPROXY_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
 func (tp *testProxy) start() {
-	t := tp.t
-	t.Helper()
-	p, err := delayproxy.New(tp.cfg, tp.log, tp.opts...)
-	if err != nil {
-		t.Fatalf("delayproxy.New: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	select {
-	case <-p.Ready():
-	case err := <-done:
-		cancel()
-		t.Fatalf("Run returned before it was ready: %v", err)
-	case <-time.After(30 * time.Second):
-		cancel()
-		t.Fatalf("proxy not ready after 30s")
-	}
-	amqpAddr, httpAddr := p.Addrs()
-	u, err := url.Parse(tp.cfg.UpstreamURL)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	u.Scheme, u.Host = "amqp", amqpAddr.String()
+	tp.t.Helper()
+	run := testproxy.Start(tp.t, tp.cfg, tp.log, tp.opts...)
 	tp.mu.Lock()
-	tp.cancel, tp.done = cancel, done
-	tp.amqpURL = u.String()
-	tp.httpURL = "http://" + httpAddr.String()
-	tp.mu.Unlock()
+	defer tp.mu.Unlock()
+	tp.run, tp.amqpURL, tp.httpURL = run, run.URL(), run.HTTP()
 }
 
 // stop shuts the proxy down gracefully and checks that Run returned nil.
@@ -202,20 +163,14 @@ func (tp *testProxy) stop() {
 	t := tp.t
 	t.Helper()
 	tp.mu.Lock()
-	cancel, done := tp.cancel, tp.done
-	tp.cancel = nil
+	run := tp.run
+	tp.run = nil
 	tp.mu.Unlock()
-	if cancel == nil {
+	if run == nil {
 		t.Fatal("stop: proxy not running")
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run returned %v, want nil after a graceful stop", err)
-		}
-	case <-time.After(tp.cfg.ShutdownGrace + 20*time.Second):
-		t.Fatalf("Run did not return within the shutdown grace")
+	if err := run.Stop(t, tp.cfg.ShutdownGrace+20*time.Second); err != nil {
+		t.Errorf("Run returned %v, want nil after a graceful stop", err)
 	}
 }
 
@@ -244,43 +199,19 @@ func (tp *testProxy) HTTP() string {
 // dial connects a client through the proxy; closed in t.Cleanup.
 func (tp *testProxy) dial(t testing.TB) *amqp.Connection {
 	t.Helper()
-	return dialURL(t, tp.URL())
+	return testbroker.Dial(t, tp.URL())
 }
 
 // dialBroker connects a client straight to RabbitMQ; closed in t.Cleanup.
 func dialBroker(t testing.TB) *amqp.Connection {
 	t.Helper()
-	return dialURL(t, testbroker.URL(t))
-}
-
-func dialURL(t testing.TB, u string) *amqp.Connection {
-	t.Helper()
-	c, err := amqp.DialConfig(u, amqp.Config{
-		Properties: amqp.Table{"connection_name": "dp-e2e " + t.Name()},
-	})
-	if err != nil {
-		if pu, perr := url.Parse(u); perr == nil {
-			u = pu.Redacted()
-		}
-		t.Fatalf("dial %s: %v", u, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func channel(t testing.TB, c *amqp.Connection) *amqp.Channel {
-	t.Helper()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Fatalf("open channel: %v", err)
-	}
-	return ch
+	return testbroker.Dial(t, testbroker.URL(t))
 }
 
 // confirmChannel opens a channel in confirm mode.
 func confirmChannel(t testing.TB, c *amqp.Connection) *amqp.Channel {
 	t.Helper()
-	ch := channel(t, c)
+	ch := testbroker.Channel(t, c)
 	if err := ch.Confirm(false); err != nil {
 		t.Fatalf("confirm.select: %v", err)
 	}
@@ -326,7 +257,7 @@ func declareDelayed(t testing.TB, ch *amqp.Channel, typ string, extra amqp.Table
 func declareQueue(t testing.TB, args amqp.Table) string {
 	t.Helper()
 	name := uniqueName(t, "q")
-	ch := channel(t, dialBroker(t))
+	ch := testbroker.Channel(t, dialBroker(t))
 	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
 		t.Fatalf("declare queue: %v", err)
 	}
@@ -340,7 +271,7 @@ func declareQueue(t testing.TB, args amqp.Table) string {
 func declarePlainExchange(t testing.TB, typ string) string {
 	t.Helper()
 	name := uniqueName(t, "px")
-	ch := channel(t, dialBroker(t))
+	ch := testbroker.Channel(t, dialBroker(t))
 	if err := ch.ExchangeDeclare(name, typ, true, false, false, false, nil); err != nil {
 		t.Fatalf("declare exchange: %v", err)
 	}
@@ -352,7 +283,7 @@ func declarePlainExchange(t testing.TB, typ string) string {
 // bind binds queue to exchange on the broker.
 func bind(t testing.TB, queue, key, exchange string, args amqp.Table) {
 	t.Helper()
-	ch := channel(t, dialBroker(t))
+	ch := testbroker.Channel(t, dialBroker(t))
 	defer ch.Close()
 	if err := ch.QueueBind(queue, key, exchange, false, args); err != nil {
 		t.Fatalf("bind %s to %s (%q): %v", queue, exchange, key, err)
@@ -412,17 +343,26 @@ type consumer struct {
 // bound to it, consumed straight from RabbitMQ.
 func delayedFanout(t testing.TB, ch *amqp.Channel) (ex, q string, cons *consumer) {
 	t.Helper()
-	ex = declareDelayed(t, ch, "fanout", nil)
-	q = declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q = delayedQueue(t, ch, "fanout", "")
 	return ex, q, consume(t, dialBroker(t), q)
+}
+
+// delayedQueue declares, through ch (a proxy channel), a delayed exchange
+// of type typ, and on the broker a durable queue bound to it with key;
+// both are deleted in t.Cleanup.
+func delayedQueue(t testing.TB, ch *amqp.Channel, typ, key string) (ex, q string) {
+	t.Helper()
+	ex = declareDelayed(t, ch, typ, nil)
+	q = declareQueue(t, nil)
+	bind(t, q, key, ex, nil)
+	return ex, q
 }
 
 // consume starts an auto-ack consumer on queue over conn (through the proxy
 // or straight to the broker); it stops with the connection.
 func consume(t testing.TB, conn *amqp.Connection, queue string) *consumer {
 	t.Helper()
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	if err := ch.Qos(0, 0, false); err != nil {
 		t.Fatalf("qos: %v", err)
 	}
@@ -598,7 +538,7 @@ func (tp *testProxy) metric(t testing.TB, series string) float64 {
 // it is empty.
 func drain(t testing.TB, queue string) []amqp.Delivery {
 	t.Helper()
-	ch := channel(t, dialBroker(t))
+	ch := testbroker.Channel(t, dialBroker(t))
 	defer ch.Close()
 	var out []amqp.Delivery
 	for {
@@ -616,7 +556,7 @@ func drain(t testing.TB, queue string) []amqp.Delivery {
 // queueDepth is the number of ready messages in queue.
 func queueDepth(t testing.TB, queue string) int {
 	t.Helper()
-	ch := channel(t, dialBroker(t))
+	ch := testbroker.Channel(t, dialBroker(t))
 	defer ch.Close()
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {

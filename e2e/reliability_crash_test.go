@@ -97,10 +97,8 @@ func TestReliabilityCrash_SIGKILLRounds(t *testing.T) {
 	// A view of the child for the e2e helpers that need only its URLs.
 	tp := &testProxy{t: t, amqpURL: withHost(t, upstream, amqpAddr, ""), httpURL: "http://" + httpAddr}
 
-	ch := channel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ch := testbroker.Channel(t, tp.dial(t))
+	ex, q := delayedQueue(t, ch, "fanout", "")
 	got := consume(t, dialBroker(t), q)
 
 	tag := randHex(t, 4)

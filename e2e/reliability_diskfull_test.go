@@ -14,6 +14,7 @@ import (
 
 	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
@@ -77,9 +78,7 @@ func TestReliabilityDiskFull(t *testing.T) {
 	mnt := mountTmpfs(t, "4m")
 	tp := startProxy(t, func(c *delayproxy.Config) { c.DataDir = filepath.Join(mnt, "data") })
 	conn := tp.dial(t)
-	ex := declareDelayed(t, channel(t, conn), "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, testbroker.Channel(t, conn), "fanout", "")
 	got := consume(t, dialBroker(t), q)
 	plainQ := declareQueue(t, nil)
 
@@ -144,7 +143,7 @@ func TestReliabilityDiskFull(t *testing.T) {
 	}
 	// Without confirms the channel is closed with 506 RESOURCE_ERROR (a
 	// publish that still fits is stored and delivered: try again).
-	nch := channel(t, conn)
+	nch := testbroker.Channel(t, conn)
 	closed := nch.NotifyClose(make(chan *amqp.Error, 1))
 	var closeErr *amqp.Error
 	for i := 0; closeErr == nil; i++ {

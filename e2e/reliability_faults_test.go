@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/internal/crashtest"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
@@ -25,9 +26,7 @@ import (
 func TestFaultBrokerStopDuringPublish(t *testing.T) {
 	const clients = 3
 	tp := startProxy(t, nil)
-	ex := declareDelayed(t, channel(t, tp.dial(t)), "fanout", nil) // durable
-	q := declareQueue(t, nil)                                      // durable; messages are persistent
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, testbroker.Channel(t, tp.dial(t)), "fanout", "") // durable; messages are persistent
 
 	prefix := "dp-rel brokerstop " + randHex(t, 4)
 	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {

@@ -217,9 +217,7 @@ func TestReliabilityHostile_Garbage(t *testing.T) {
 	tp := startProxy(t, nil)
 	bystander := tp.dial(t)
 	bch := confirmChannel(t, bystander)
-	ex := declareDelayed(t, bch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, bch, "fanout", "")
 
 	rng := rand.New(rand.NewPCG(6, 6))
 	random := func(n int) []byte {

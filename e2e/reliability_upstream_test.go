@@ -30,9 +30,7 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 	t.Parallel()
 	const clients = 2
 	tp := startProxy(t, nil)
-	ex := declareDelayed(t, channel(t, tp.dial(t)), "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, testbroker.Channel(t, tp.dial(t)), "fanout", "")
 	got := consume(t, dialBroker(t), q)
 
 	prefix := "dp-rel upstream " + randHex(t, 4)
@@ -121,13 +119,13 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 		_, err := ch.QueueDeclare(q, true, false, false, false, nil)
 		return err
 	})
-	pch := channel(t, dialURL(t, proxyURL))
+	pch := testbroker.Channel(t, testbroker.Dial(t, proxyURL))
 	ex := "dp-rel.releaser.x"
 	if err := pch.ExchangeDeclare(ex, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "fanout"}); err != nil {
 		t.Fatal(err)
 	}
 	testbroker.WithChannel(t, brokerURL, func(ch *amqp.Channel) error { return ch.QueueBind(q, "", ex, false, nil) })
-	got := consume(t, dialURL(t, brokerURL), q)
+	got := consume(t, testbroker.Dial(t, brokerURL), q)
 
 	prefix := "dp-rel releaser-test " + randHex(t, 4)
 	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {

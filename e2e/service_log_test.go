@@ -72,12 +72,10 @@ func TestService_ConnectionLog(t *testing.T) {
 
 	// A client that publishes a delayed message and a relayed one, then
 	// closes; another left open until the proxy shuts down.
-	conn := dialURL(t, proxyURL(password))
+	conn := testbroker.Dial(t, proxyURL(password))
 	connAddr := conn.LocalAddr().String()
 	ch := confirmChannel(t, conn)
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, ch, "fanout", "")
 	msg := delayedMsg(300, "logged")
 	msg.Body = []byte(body)
 	publishConfirmed(t, ch, ex, "", false, msg)
@@ -86,7 +84,7 @@ func TestService_ConnectionLog(t *testing.T) {
 	if err := conn.Close(); err != nil {
 		t.Fatal(err)
 	}
-	open := dialURL(t, proxyURL(password))
+	open := testbroker.Dial(t, proxyURL(password))
 	openAddr := open.LocalAddr().String()
 	closed := open.NotifyClose(make(chan *amqp.Error, 1))
 	// Shut down only once the proxy relays for this client: one that has

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testlog"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -28,9 +30,7 @@ func TestService_MetricsMoveWithDelayedTraffic(t *testing.T) {
 	t.Parallel()
 	tp := startProxy(t, nil)
 	ch := confirmChannel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "direct", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "k", ex, nil)
+	ex, q := delayedQueue(t, ch, "direct", "k")
 	cons := consume(t, dialBroker(t), q)
 	pending := []string{"vhost", "/", "exchange", ex}
 
@@ -111,7 +111,7 @@ func TestService_ConnectionMetrics(t *testing.T) {
 	s0.want(t, "delayproxy_client_connections", 0)
 
 	conn := tp.dial(t)
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	q := declareQueue(t, nil)
 	// A relayed round trip: queue.declare (passive) and its declare-ok.
 	if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
@@ -424,16 +424,16 @@ func TestService_TokenRequiredOffLoopback(t *testing.T) {
 			cfg.ListenAddr = "127.0.0.1:0"
 			cfg.DataDir = t.TempDir()
 			cfg.HTTPAddr = addr
-			_, err := delayproxy.New(cfg, testLogger())
+			_, err := delayproxy.New(cfg, testlog.New())
 			if err == nil || !strings.Contains(err.Error(), "--admin-token (DELAYPROXY_ADMIN_TOKEN)") {
 				t.Errorf("New with --http-addr %s and no token: %v, want an error naming --admin-token", addr, err)
 			}
 			cfg.AdminToken = svcToken[:15]
-			if _, err := delayproxy.New(cfg, testLogger()); err == nil || !strings.Contains(err.Error(), "--admin-token") {
+			if _, err := delayproxy.New(cfg, testlog.New()); err == nil || !strings.Contains(err.Error(), "--admin-token") {
 				t.Errorf("New with a 15-character token: %v, want an error naming --admin-token", err)
 			}
 			cfg.AdminToken = svcToken
-			if _, err := delayproxy.New(cfg, testLogger()); err != nil {
+			if _, err := delayproxy.New(cfg, testlog.New()); err != nil {
 				t.Errorf("New with a token: %v", err)
 			}
 		})

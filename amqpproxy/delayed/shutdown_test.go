@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -19,6 +17,7 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testlog"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 	"github.com/delayproxy/delayproxy/store"
 )
@@ -48,7 +47,7 @@ func startRelay(t *testing.T) *relay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := testlog.New()
 	icpt := delayed.New(delayed.Config{Store: st, Scheduler: nopScheduler{}, Logger: log})
 	srv, err := amqpproxy.New(amqpproxy.Config{Upstream: testbroker.URL(t), Interceptor: icpt, Logger: log})
 	if err != nil {

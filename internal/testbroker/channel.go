@@ -50,3 +50,28 @@ func redacted(u string) string {
 	}
 	return pu.Redacted()
 }
+
+// Dial connects to the AMQP URL u (the test broker, or a proxy in front of
+// it) as a connection named after the test, so that RabbitMQ's list of
+// connections shows whose it is; it is closed in t.Cleanup.
+func Dial(t testing.TB, u string) *amqp.Connection {
+	t.Helper()
+	c, err := amqp.DialConfig(u, amqp.Config{
+		Properties: amqp.Table{"connection_name": "dp-test " + t.Name()},
+	})
+	if err != nil {
+		t.Fatalf("testbroker: dial %s: %v", redacted(u), err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Channel opens a channel on c.
+func Channel(t testing.TB, c *amqp.Connection) *amqp.Channel {
+	t.Helper()
+	ch, err := c.Channel()
+	if err != nil {
+		t.Fatalf("testbroker: channel.open: %v", err)
+	}
+	return ch
+}
