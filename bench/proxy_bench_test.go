@@ -249,7 +249,6 @@ func BenchmarkProxy_Interleaved(b *testing.B) {
 	const round = 2000
 	b.Run("ConfirmedPublish64", func(b *testing.B) {
 		targets := proxyTargets(b)
-		var elapsed [2]time.Duration
 		type side struct {
 			ch       *amqp.Channel
 			q        string
@@ -263,30 +262,24 @@ func BenchmarkProxy_Interleaved(b *testing.B) {
 		}
 		msg := amqp.Publishing{Body: payload64, DeliveryMode: amqp.Persistent}
 		b.ResetTimer()
-		for done, r := 0, 0; done < b.N; done, r = done+round, r+1 {
-			n := min(round, b.N-done)
-			for k := range sides {
-				i := (k + r) % 2 // who goes first alternates
-				s := sides[i]
-				start := time.Now()
-				for range n {
-					if err := s.ch.PublishWithContext(context.Background(), "", s.q, false, false, msg); err != nil {
-						b.Fatal(err)
-					}
+		reportInterleaved(b, interleave(b, round, func(i, n int) time.Duration {
+			s := sides[i]
+			start := time.Now()
+			for range n {
+				if err := s.ch.PublishWithContext(context.Background(), "", s.q, false, false, msg); err != nil {
+					b.Fatal(err)
 				}
-				for range n {
-					if c := <-s.confirms; !c.Ack {
-						b.Fatalf("nack %+v", c)
-					}
-				}
-				elapsed[i] += time.Since(start)
 			}
-		}
-		reportInterleaved(b, elapsed)
+			for range n {
+				if c := <-s.confirms; !c.Ack {
+					b.Fatalf("nack %+v", c)
+				}
+			}
+			return time.Since(start)
+		}))
 	})
 	b.Run("ConsumeManualAck64", func(b *testing.B) {
 		targets := proxyTargets(b)
-		var elapsed [2]time.Duration
 		var chans [2]*amqp.Channel
 		var queues [2]string
 		for i, t := range targets {
@@ -297,30 +290,41 @@ func BenchmarkProxy_Interleaved(b *testing.B) {
 			}
 		}
 		b.ResetTimer()
-		for done, r := 0, 0; done < b.N; done, r = done+round, r+1 {
-			n := min(round, b.N-done)
-			for k := range chans {
-				i := (k + r) % 2 // who goes first alternates
-				ch := chans[i]
-				b.StopTimer()
-				fill(b, testbroker.URL(b), queues[i], n)
-				b.StartTimer()
-				start := time.Now()
-				msgs, err := ch.Consume(queues[i], "bench", false, false, false, false, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				ackN(b, msgs, n)
-				elapsed[i] += time.Since(start)
-				if err := ch.Cancel("bench", false); err != nil {
-					b.Fatal(err)
-				}
-				for range msgs { // drained when the cancel is done
-				}
+		reportInterleaved(b, interleave(b, round, func(i, n int) time.Duration {
+			ch := chans[i]
+			b.StopTimer()
+			fill(b, testbroker.URL(b), queues[i], n)
+			b.StartTimer()
+			start := time.Now()
+			msgs, err := ch.Consume(queues[i], "bench", false, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
 			}
-		}
-		reportInterleaved(b, elapsed)
+			ackN(b, msgs, n)
+			took := time.Since(start)
+			if err := ch.Cancel("bench", false); err != nil {
+				b.Fatal(err)
+			}
+			for range msgs { // drained when the cancel is done
+			}
+			return took
+		}))
 	})
+}
+
+// interleave runs b.N messages a side (0 direct, 1 proxied) in rounds of
+// round, the sides taking turns to go first; run(i, n) does n messages on
+// side i and returns how long they took. It returns each side's total.
+func interleave(b *testing.B, round int, run func(i, n int) time.Duration) [2]time.Duration {
+	var elapsed [2]time.Duration
+	for done, r := 0, 0; done < b.N; done, r = done+round, r+1 {
+		n := min(round, b.N-done)
+		for k := range 2 {
+			i := (k + r) % 2 // who goes first alternates
+			elapsed[i] += run(i, n)
+		}
+	}
+	return elapsed
 }
 
 func reportInterleaved(b *testing.B, elapsed [2]time.Duration) {

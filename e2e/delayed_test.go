@@ -351,8 +351,7 @@ func TestXDelay_Types(t *testing.T) {
 		{"float64", 410.99, 410},
 		{"decimal", amqp.Decimal{Scale: 2, Value: 42099}, 420},
 	}
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	_, ch := startConfirmed(t)
 	ex, _, cons := delayedFanout(t, ch)
 	sent := map[string]time.Time{}
 	for _, tt := range tests {
@@ -393,8 +392,7 @@ func TestXDelay_RoutedAtOnce(t *testing.T) {
 		{"negative string", amqp.Table{"x-delay": "-100"}},
 		{"below one ms", amqp.Table{"x-delay": 0.9}},
 	}
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	tp, ch := startConfirmed(t)
 	ex, _, cons := delayedFanout(t, ch)
 	for _, tt := range tests {
 		publishConfirmed(t, ch, ex, "", false, amqp.Publishing{Headers: tt.headers, MessageId: tt.name})
@@ -484,8 +482,7 @@ func TestXDelay_Refused(t *testing.T) {
 // them.
 func TestXDelay_BeyondUint32IsHeld(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	tp, ch := startConfirmed(t)
 	ex, q := delayedQueue(t, ch, "fanout", "")
 	publishConfirmed(t, ch, ex, "", false, delayedMsg(int64(math.MaxUint32)+1, "far"))
 	publishConfirmed(t, ch, ex, "", false, delayedMsg(uint32(math.MaxUint32), "edge"))
@@ -521,8 +518,7 @@ func TestXDelay_BeyondUint32IsHeld(t *testing.T) {
 // routing key, properties and body; only x-delay becomes -delay.
 func TestRelease_MessageUnchanged(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	_, ch := startConfirmed(t)
 	ex, q := delayedQueue(t, ch, "direct", "route.me")
 	cons := consume(t, dialBroker(t), q)
 	ts := time.Unix(time.Now().Unix()-3600, 0)
@@ -698,8 +694,7 @@ func TestTx_StoredAtCommit(t *testing.T) {
 // returns it to the proxy, which counts it.
 func TestMandatory_NoReturnAtPublish(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	tp, ch := startConfirmed(t)
 	returns := ch.NotifyReturn(make(chan amqp.Return, 10))
 	ex := declareDelayed(t, ch, "direct", nil)
 	publishConfirmed(t, ch, ex, "nowhere", true, delayedMsg(int32(300), "m"))
@@ -735,8 +730,7 @@ func TestMandatory_NoReturnAtPublish(t *testing.T) {
 // gets unroutable messages at release time, not at publish.
 func TestAlternateExchange_AtRelease(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	tp, ch := startConfirmed(t)
 	ae := declarePlainExchange(t, "fanout")
 	aeQueue := declareQueue(t, nil)
 	bind(t, aeQueue, "", ae, nil)
@@ -813,8 +807,7 @@ func TestExchangeDelete_DiscardsPending(t *testing.T) {
 func TestRelease_MixedDelaysInDueOrder(t *testing.T) {
 	t.Parallel()
 	const n = 400
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	_, ch := startConfirmed(t)
 	ex, _, cons := delayedFanout(t, ch)
 
 	type sent struct {
@@ -888,8 +881,7 @@ func TestRelease_MixedDelaysInDueOrder(t *testing.T) {
 func TestRestart_ExactlyOnce(t *testing.T) {
 	t.Parallel()
 	const n = 300
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	tp, ch := startConfirmed(t)
 	ex, q := delayedQueue(t, ch, "fanout", "")
 	for i := range n {
 		// Spread over 0.1-2.5 s: some are released before the stop,
@@ -933,8 +925,7 @@ func TestRestart_ExactlyOnce(t *testing.T) {
 // queues alike.
 func TestRelease_QuorumAndClassicQueues(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	_, ch := startConfirmed(t)
 	ex := declareDelayed(t, ch, "fanout", nil)
 	quorum := declareQueue(t, amqp.Table{"x-queue-type": "quorum"})
 	classic := declareQueue(t, amqp.Table{"x-queue-type": "classic"})

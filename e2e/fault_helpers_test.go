@@ -3,8 +3,6 @@
 package e2e
 
 import (
-	"encoding/json"
-	"net/http"
 	"testing"
 	"time"
 )
@@ -13,15 +11,6 @@ import (
 // delayed exchange in vhost "/"; false when none is pending.
 func (tp *testProxy) nextDue(t testing.TB, exchange string) (time.Time, bool) {
 	t.Helper()
-	code, body := tp.httpDo(t, http.MethodGet, exchangePath(exchange))
-	if code != http.StatusOK {
-		t.Fatalf("GET exchange %s: %d %s", exchange, code, body)
-	}
-	var e struct {
-		NextDueMs int64 `json:"next_due_ms"`
-	}
-	if err := json.Unmarshal(body, &e); err != nil {
-		t.Fatalf("GET exchange %s: %v: %s", exchange, err, body)
-	}
-	return time.UnixMilli(e.NextDueMs), e.NextDueMs > 0
+	ms := tp.exchangeIn(t, "/", exchange).NextDueMs
+	return time.UnixMilli(ms), ms > 0
 }

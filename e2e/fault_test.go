@@ -56,8 +56,7 @@ func startBroker(t testing.TB) {
 // flight when RabbitMQ went away (one batch, 256).
 func TestFaultBrokerStopDuringRelease(t *testing.T) {
 	const n = 3000
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	tp, ch := startConfirmed(t)
 	ex, q := delayedQueue(t, ch, "fanout", "") // durable; messages are persistent
 
 	confirms := make([]*amqp.DeferredConfirmation, n)

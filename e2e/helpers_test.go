@@ -54,6 +54,14 @@ func startProxy(t testing.TB, opt func(*delayproxy.Config)) *testProxy {
 	return startProxyWith(t, opt, testlog.New())
 }
 
+// startConfirmed is startProxy(t, nil) and a confirm-mode channel of a
+// client connection through it.
+func startConfirmed(t testing.TB) (*testProxy, *amqp.Channel) {
+	t.Helper()
+	tp := startProxy(t, nil)
+	return tp, confirmChannel(t, tp.dial(t))
+}
+
 // startProxyWith is startProxy with the proxy's logger and delayproxy.New's
 // options.
 func startProxyWith(t testing.TB, opt func(*delayproxy.Config), logger *slog.Logger, opts ...delayproxy.Option) *testProxy {
@@ -184,16 +192,21 @@ func (tp *testProxy) restart() {
 
 // URL is the proxy's AMQP URL, with the broker's credentials and vhost.
 func (tp *testProxy) URL() string {
-	tp.mu.Lock()
-	defer tp.mu.Unlock()
-	return tp.amqpURL
+	u, _ := tp.urls()
+	return u
 }
 
 // HTTP is the base URL of the proxy's admin and metrics server.
 func (tp *testProxy) HTTP() string {
+	_, u := tp.urls()
+	return u
+}
+
+// urls are the AMQP and HTTP URLs of the current run.
+func (tp *testProxy) urls() (amqpURL, httpURL string) {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
-	return tp.httpURL
+	return tp.amqpURL, tp.httpURL
 }
 
 // dial connects a client through the proxy; closed in t.Cleanup.
@@ -461,24 +474,45 @@ func (tp *testProxy) httpDo(t testing.TB, method, path string) (int, []byte) {
 
 // exchangePath is the admin API path of a delayed exchange in vhost "/".
 func exchangePath(exchange string) string {
-	return "/api/exchanges/%2F/" + url.PathEscape(exchange)
+	return exchangePathIn("/", exchange)
+}
+
+// exchangePathIn is the admin API path of a delayed exchange in vhost.
+func exchangePathIn(vhost, exchange string) string {
+	return "/api/exchanges/" + url.PathEscape(vhost) + "/" + url.PathEscape(exchange)
+}
+
+// getJSON GETs an admin path that must answer 200 and decodes it into v.
+func getJSON(t testing.TB, tp *testProxy, path string, v any) {
+	t.Helper()
+	code, body := tp.httpDo(t, http.MethodGet, path)
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, code, body)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatalf("GET %s: %v: %s", path, err, body)
+	}
+}
+
+// exchangeState is the admin API's view of one delayed exchange.
+type exchangeState struct {
+	Pending   int64 `json:"pending"`
+	NextDueMs int64 `json:"next_due_ms"`
+}
+
+// exchangeIn is the admin API's view of a delayed exchange in vhost.
+func (tp *testProxy) exchangeIn(t testing.TB, vhost, exchange string) exchangeState {
+	t.Helper()
+	var e exchangeState
+	getJSON(t, tp, exchangePathIn(vhost, exchange), &e)
+	return e
 }
 
 // pending is the admin API's count of pending messages of a delayed
 // exchange in vhost "/".
 func (tp *testProxy) pending(t testing.TB, exchange string) int64 {
 	t.Helper()
-	code, body := tp.httpDo(t, http.MethodGet, exchangePath(exchange))
-	if code != http.StatusOK {
-		t.Fatalf("GET exchange %s: %d %s", exchange, code, body)
-	}
-	var e struct {
-		Pending int64 `json:"pending"`
-	}
-	if err := json.Unmarshal(body, &e); err != nil {
-		t.Fatalf("GET exchange %s: %v: %s", exchange, err, body)
-	}
-	return e.Pending
+	return tp.exchangeIn(t, "/", exchange).Pending
 }
 
 // pendingMessage is one message of the admin API's list.
@@ -501,17 +535,11 @@ func (tp *testProxy) listPending(t testing.TB, exchange string) []pendingMessage
 		if after != "" {
 			path += "&after=" + after
 		}
-		code, body := tp.httpDo(t, http.MethodGet, path)
-		if code != http.StatusOK {
-			t.Fatalf("GET %s: %d %s", path, code, body)
-		}
 		var page struct {
 			Messages  []pendingMessage `json:"messages"`
 			NextAfter string           `json:"next_after"`
 		}
-		if err := json.Unmarshal(body, &page); err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
+		getJSON(t, tp, path, &page)
 		all = append(all, page.Messages...)
 		if page.NextAfter == "" {
 			return all

@@ -39,28 +39,13 @@ func TestFaultBrokerStopDuringPublish(t *testing.T) {
 		}
 	})
 	testwait.Until(t, 30*time.Second, "every client to have messages confirmed", func() bool {
-		for _, p := range pubs.All() {
-			if len(p.Ledger().Confirmed) < 30 {
-				return false
-			}
-		}
-		return true
+		return pubs.Every(func(l crashtest.Ledger) bool { return len(l.Confirmed) >= 30 })
 	})
 	stopping := time.Now()
 	stopBroker(t)
 	stopped := time.Now()
 	t.Logf("stop_app took %v", stopped.Sub(stopping).Round(time.Millisecond))
-	for i, p := range pubs.All() {
-		var end crashtest.End
-		testwait.Until(t, time.Until(stopped.Add(closePrompt)), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
-			for _, e := range p.Ledger().Ends {
-				if e.At.After(stopping) {
-					end = e
-					return true
-				}
-			}
-			return false
-		})
+	for i, end := range awaitEnds(t, pubs, stopping, stopped.Add(closePrompt)) {
 		if end.Err == nil || end.Err.Code != amqp.ConnectionForced {
 			t.Errorf("client %d: connection ended with %v, want 320 CONNECTION_FORCED", i, end.Err)
 		}
@@ -89,12 +74,8 @@ func TestFaultBrokerStopDuringPublish(t *testing.T) {
 	startBroker(t)
 	restarted := time.Now()
 	testwait.Until(t, time.Minute, "clients to publish again", func() bool {
-		for _, p := range pubs.All() {
-			if p.Ledger().Sessions < 2 {
-				return false
-			}
-		}
-		return pubs.Confirmed() >= confirmedDown+100
+		reconnected := pubs.Every(func(l crashtest.Ledger) bool { return l.Sessions >= 2 })
+		return reconnected && pubs.Confirmed() >= confirmedDown+100
 	})
 	t.Logf("clients publishing again %v after start_app returned", time.Since(restarted).Round(time.Millisecond))
 	ls := pubs.Stop()

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // Helpers of the reliability tests (issue 6). They build on the e2e harness
@@ -76,6 +78,26 @@ func delaySpread(salt uint64, lo, hi, far, span time.Duration) func(uint64) time
 		}
 		return lo + time.Duration(h>>8)%(hi-lo)
 	}
+}
+
+// awaitEnds waits until every publisher has seen a connection of its end
+// after since, failing the test at by, and returns each one's first such
+// end.
+func awaitEnds(t testing.TB, pubs *crashtest.Publishers, since, by time.Time) []crashtest.End {
+	t.Helper()
+	ends := make([]crashtest.End, len(pubs.All()))
+	for i, p := range pubs.All() {
+		testwait.Until(t, time.Until(by), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
+			for _, e := range p.Ledger().Ends {
+				if e.At.After(since) {
+					ends[i] = e
+					return true
+				}
+			}
+			return false
+		})
+	}
+	return ends
 }
 
 // messageIDs are the message-ids of arrivals, in arrival order.

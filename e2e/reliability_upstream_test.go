@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/url"
 	"testing"
 	"time"
 
@@ -44,12 +41,7 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 		}
 	})
 	testwait.Until(t, 30*time.Second, "every client to have messages confirmed", func() bool {
-		for _, p := range pubs.All() {
-			if len(p.Ledger().Confirmed) < 20 {
-				return false
-			}
-		}
-		return true
+		return pubs.Every(func(l crashtest.Ledger) bool { return len(l.Confirmed) >= 20 })
 	})
 	before := pubs.Confirmed()
 	closing := time.Now()
@@ -59,17 +51,7 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 	closed := time.Now()
 	// Each client saw its connection end, with RabbitMQ's code, no later
 	// than closePrompt after the last close_connection returned.
-	for i, p := range pubs.All() {
-		var end crashtest.End
-		testwait.Until(t, time.Until(closed.Add(closePrompt)), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
-			for _, e := range p.Ledger().Ends {
-				if e.At.After(closing) {
-					end = e
-					return true
-				}
-			}
-			return false
-		})
+	for i, end := range awaitEnds(t, pubs, closing, closed.Add(closePrompt)) {
 		if end.Err == nil || end.Err.Code != amqp.ConnectionForced {
 			t.Errorf("client %d: connection ended with %v, want 320 CONNECTION_FORCED from RabbitMQ", i, end.Err)
 		}
@@ -78,12 +60,8 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 	}
 	// And goes on publishing over a new connection.
 	testwait.Until(t, 30*time.Second, "clients to publish again", func() bool {
-		for _, p := range pubs.All() {
-			if l := p.Ledger(); l.Sessions < 2 {
-				return false
-			}
-		}
-		return pubs.Confirmed() >= before+100
+		reconnected := pubs.Every(func(l crashtest.Ledger) bool { return l.Sessions >= 2 })
+		return reconnected && pubs.Confirmed() >= before+100
 	})
 	ls := pubs.Stop()
 	awaitDelivered(t, got, pubs, 3*time.Second+30*time.Second)
@@ -145,7 +123,7 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 	at := len(got.snapshot())
 	testwait.Until(t, 30*time.Second, "releases to resume", func() bool { return len(got.snapshot()) >= at+200 })
 	ls := pubs.Stop()
-	testwait.Until(t, 30*time.Second, "every message to be released", func() bool { return pendingIn(t, tp, vh, ex) == 0 })
+	testwait.Until(t, 30*time.Second, "every message to be released", func() bool { return tp.exchangeIn(t, vh, ex).Pending == 0 })
 	awaitDelivered(t, got, pubs, 30*time.Second)
 	tally := crashtest.Count(ls, messageIDs(got.stop(t)))
 	t.Logf("releaser connection closed with %d delivered: %v", at, tally)
@@ -165,22 +143,4 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 	if err := pch.ExchangeDelete(ex, false, false); err != nil {
 		t.Errorf("delete %s: %v", ex, err)
 	}
-}
-
-// pendingIn is the admin API's count of pending messages of a delayed
-// exchange in vhost.
-func pendingIn(t testing.TB, tp *testProxy, vhost, exchange string) int64 {
-	t.Helper()
-	path := "/api/exchanges/" + url.PathEscape(vhost) + "/" + url.PathEscape(exchange)
-	code, body := tp.httpDo(t, http.MethodGet, path)
-	if code != http.StatusOK {
-		t.Fatalf("GET %s: %d %s", path, code, body)
-	}
-	var e struct {
-		Pending int64 `json:"pending"`
-	}
-	if err := json.Unmarshal(body, &e); err != nil {
-		t.Fatalf("GET %s: %v: %s", path, err, body)
-	}
-	return e.Pending
 }

@@ -28,8 +28,7 @@ import (
 // down), the lateness and commit histograms, by the right amounts.
 func TestService_MetricsMoveWithDelayedTraffic(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	tp, ch := startConfirmed(t)
 	ex, q := delayedQueue(t, ch, "direct", "k")
 	cons := consume(t, dialBroker(t), q)
 	pending := []string{"vhost", "/", "exchange", ex}
@@ -190,8 +189,7 @@ type listPage struct {
 // the cancelled counter follow.
 func TestService_AdminCountListCancel(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	tp, ch := startConfirmed(t)
 	ex := declareDelayed(t, ch, "direct", nil)
 	other := declareDelayed(t, ch, "fanout", nil)
 	q, qOther := declareQueue(t, nil), declareQueue(t, nil)
@@ -381,18 +379,6 @@ func cancel(t testing.TB, tp *testProxy, path string) int64 {
 		t.Fatalf("DELETE %s: %q: %v", path, body, err)
 	}
 	return *r.Cancelled
-}
-
-// getJSON GETs an admin path that must answer 200 and decodes it into v.
-func getJSON(t testing.TB, tp *testProxy, path string, v any) {
-	t.Helper()
-	code, body := tp.httpDo(t, http.MethodGet, path)
-	if code != http.StatusOK {
-		t.Fatalf("GET %s: %d %s", path, code, body)
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		t.Fatalf("GET %s: %v: %s", path, err, body)
-	}
 }
 
 // nonLoopbackHost is an address of this machine that is not loopback: the

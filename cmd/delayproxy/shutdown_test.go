@@ -78,6 +78,16 @@ func (c *child) waitExit(t *testing.T, d time.Duration) int {
 	return exitCode(err)
 }
 
+// terminate sends SIGTERM and waits up to d for the exit; it returns the
+// exit code and how long the exit took.
+func (c *child) terminate(t *testing.T, d time.Duration) (code int, took time.Duration) {
+	t.Helper()
+	sent := time.Now()
+	c.Signal(syscall.SIGTERM)
+	code = c.waitExit(t, d)
+	return code, time.Since(sent)
+}
+
 // waitLog waits until the log holds s.
 func (c *child) waitLog(t *testing.T, s string, d time.Duration) {
 	t.Helper()
@@ -105,14 +115,8 @@ func TestShutdown_ConfirmedPublishesSurviveSIGTERM(t *testing.T) {
 		return ch.ExchangeDeclare(ex, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "fanout"})
 	})
 	t.Cleanup(func() { testbroker.DeleteExchange(t, ex) })
-	broker, err := amqp.Dial(brokerURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bch, err := broker.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	broker := testbroker.Dial(t, brokerURL)
+	bch := testbroker.Channel(t, broker)
 	q, err := bch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -160,10 +164,7 @@ func TestShutdown_ConfirmedPublishesSurviveSIGTERM(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	arrivedBefore := arrivedCount()
-	sent := time.Now()
-	a.Signal(syscall.SIGTERM)
-	code := a.waitExit(t, 30*time.Second)
-	took := time.Since(sent)
+	code, took := a.terminate(t, 30*time.Second)
 	if code != 0 {
 		t.Errorf("exit %d after SIGTERM, want 0; log: %s", code, a.Tail(logLines))
 	}
@@ -231,8 +232,7 @@ func TestShutdown_ConfirmedPublishesSurviveSIGTERM(t *testing.T) {
 	t.Logf("published %d, confirmed %d, delivered before SIGTERM %d, delivered in all %d (distinct); exit %v after SIGTERM",
 		published, len(confirmed), arrivedBefore, total, took.Round(time.Millisecond))
 
-	b.Signal(syscall.SIGTERM)
-	if code := b.waitExit(t, 30*time.Second); code != 0 {
+	if code, _ := b.terminate(t, 30*time.Second); code != 0 {
 		t.Errorf("restarted proxy: exit %d after SIGTERM, want 0; log: %s", code, b.Tail(logLines))
 	}
 	if a.LogContains("second signal") {
@@ -354,10 +354,7 @@ func termWithStalledClient(t *testing.T, silent bool) (*child, time.Duration) {
 	t.Helper()
 	p := startChild(t, t.TempDir(), map[string]string{"DELAYPROXY_SHUTDOWN_GRACE": "15s"})
 	dialStalled(t, p, silent)
-	sent := time.Now()
-	p.Signal(syscall.SIGTERM)
-	code := p.waitExit(t, 60*time.Second)
-	took := time.Since(sent)
+	code, took := p.terminate(t, 60*time.Second)
 	if code != 0 {
 		t.Errorf("exit %d, want 0; log: %s", code, p.Tail(logLines))
 	}
