@@ -121,13 +121,8 @@ func TestUpstreamConnectionLost(t *testing.T) {
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	testbroker.Channel(t, conn)
 	fw.cut()
-	select {
-	case e := <-closed:
-		if e == nil || e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "upstream connection lost") {
-			t.Fatalf("closed with %v", e)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("client not told")
+	if e := testbroker.AwaitClose(t, closed, 10*time.Second); e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "upstream connection lost") {
+		t.Fatalf("closed with %v", e)
 	}
 }
 
@@ -141,13 +136,8 @@ func TestUpstreamMissedHeartbeats(t *testing.T) {
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	fw.freeze()
 	start := time.Now()
-	select {
-	case e := <-closed:
-		if e == nil || e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "missed heartbeats") {
-			t.Fatalf("closed with %v", e)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("client not told")
+	if e := testbroker.AwaitClose(t, closed, 10*time.Second); e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "missed heartbeats") {
+		t.Fatalf("closed with %v", e)
 	}
 	if d := time.Since(start); d > 2800*time.Millisecond { // 2 s, and slack for a busy machine
 		t.Fatalf("noticed after %v, want within two 1 s intervals", d)
@@ -199,13 +189,8 @@ func TestShutdown(t *testing.T) {
 	}
 	// Shutdown returned once the client answered connection.close;
 	// amqp091-go reports the close on its own goroutine, maybe just after.
-	select {
-	case e := <-closed:
-		if e == nil || e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "shutting down") {
-			t.Fatalf("closed with %v", e)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the client was never told the proxy is shutting down")
+	if e := testbroker.AwaitClose(t, closed, 5*time.Second); e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "shutting down") {
+		t.Fatalf("closed with %v", e)
 	}
 	half.expectHangup()
 	if _, err := amqp.Dial(p.url(t)); err == nil {

@@ -582,13 +582,8 @@ func TestChannelFlowRelayed(t *testing.T) {
 	// RabbitMQ answers active=false with 540 NOT_IMPLEMENTED: relayed, not emulated.
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	ch.Flow(false)
-	select {
-	case e := <-closed:
-		if e == nil || e.Code != amqp.NotImplemented {
-			t.Fatalf("closed with %v", e)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no 540")
+	if e := testbroker.AwaitClose(t, closed, 10*time.Second); e.Code != amqp.NotImplemented {
+		t.Fatalf("closed with %v", e)
 	}
 }
 

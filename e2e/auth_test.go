@@ -30,7 +30,7 @@ func refusedReason(t testing.TB, conn *amqp.Connection, exchange, key string) st
 	ch := testbroker.Channel(t, conn)
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	publish(t, ch, exchange, key, delayedMsg(100, "refused"))
-	e := closeError(t, closed)
+	e := testbroker.AwaitClose(t, closed, 15*time.Second)
 	if e.Code != amqp.AccessRefused {
 		t.Fatalf("publish to %s (%q) closed the channel with %v, want 403", exchange, key, e)
 	}

@@ -178,7 +178,7 @@ func TestDelayedExchange_DeclareErrors(t *testing.T) {
 	direct := dialBroker(t)
 	connClosed := direct.NotifyClose(make(chan *amqp.Error, 1))
 	err := testbroker.Channel(t, direct).ExchangeDeclare(uniqueName(t, "nope"), "x-nope", false, true, false, false, nil)
-	want := closeError(t, connClosed)
+	want := testbroker.AwaitClose(t, connClosed, 15*time.Second)
 	if !errorIs(err, amqp.CommandInvalid, "x-nope") {
 		t.Fatalf("RabbitMQ answered an unknown type with %v; the test expects 503 COMMAND_INVALID", err)
 	}
@@ -209,9 +209,9 @@ func TestDelayedExchange_DeclareErrors(t *testing.T) {
 			if !errorIs(err, tt.code, tt.reason) || err.(*amqp.Error).Reason != tt.reason {
 				t.Fatalf("declare = %v, want %d %q", err, tt.code, tt.reason)
 			}
-			closeError(t, chClosed)
+			testbroker.AwaitClose(t, chClosed, 15*time.Second)
 			if tt.connLevel {
-				if e := closeError(t, connClosed); e.Code != tt.code {
+				if e := testbroker.AwaitClose(t, connClosed, 15*time.Second); e.Code != tt.code {
 					t.Errorf("connection closed with %v, want %d", e, tt.code)
 				}
 			} else if conn.IsClosed() {
@@ -460,7 +460,7 @@ func TestXDelay_Refused(t *testing.T) {
 				m.Body = make([]byte, tt.body)
 			}
 			publish(t, ch, ex, "", m)
-			e := closeError(t, closed)
+			e := testbroker.AwaitClose(t, closed, 15*time.Second)
 			if e.Code != amqp.PreconditionFailed || !strings.HasPrefix(e.Reason, "PRECONDITION_FAILED - ") || !strings.Contains(e.Reason, tt.reason) {
 				t.Errorf("%s (confirm %v): channel closed with %d %q, want 406 containing %q", tt.name, confirm, e.Code, e.Reason, tt.reason)
 			}

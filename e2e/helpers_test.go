@@ -449,22 +449,6 @@ func (c *consumer) wait(t testing.TB, n int, d time.Duration) []arrival {
 	}
 }
 
-// closeError waits for the channel (or its connection) to close and returns
-// the error RabbitMQ or the proxy closed it with.
-func closeError(t testing.TB, closed <-chan *amqp.Error) *amqp.Error {
-	t.Helper()
-	select {
-	case e, ok := <-closed:
-		if !ok || e == nil {
-			t.Fatal("channel closed without an error")
-		}
-		return e
-	case <-time.After(15 * time.Second):
-		t.Fatal("channel still open after 15s")
-	}
-	return nil
-}
-
 // httpDo sends a request to the proxy's HTTP server and returns the status
 // and body.
 func (tp *testProxy) httpDo(t testing.TB, method, path string) (int, []byte) {

@@ -94,7 +94,7 @@ func TestService_ConnectionLog(t *testing.T) {
 		return strings.Contains(logs.String(), `"client":"`+openAddr+`"`)
 	})
 	tp.stop()
-	if e := closeError(t, closed); e.Code != amqp.ConnectionForced {
+	if e := testbroker.AwaitClose(t, closed, 15*time.Second); e.Code != amqp.ConnectionForced {
 		t.Errorf("connection open at shutdown closed with %d %s, want 320", e.Code, e.Reason)
 	}
 

@@ -16,7 +16,7 @@ import (
 )
 
 // ReadyPrefix starts the line a child proxy writes on its standard output
-// once it listens; the rest of the line is for the parent.
+// once it listens (the rest of the line says where, for its log reader).
 const ReadyPrefix = "READY "
 
 // Process is a proxy run as a child process: started, signalled or killed
@@ -29,9 +29,8 @@ type Process struct {
 	env  []string
 	log  string // standard error of every run, appended
 
-	mu    sync.Mutex // guards run and ready
-	run   *run       // the running child, nil when none runs
-	ready string
+	mu  sync.Mutex // guards run
+	run *run       // the running child, nil when none runs
 }
 
 // run is one run of the child.
@@ -59,12 +58,11 @@ func NewProcess(t testing.TB, logPath, path string, args, env []string) *Process
 	return p
 }
 
-// Start runs the child and waits until it writes its ready line, which it
-// returns without the prefix. It fails the test if the child exits first or
-// is not ready within timeout.
-func (p *Process) Start(timeout time.Duration) string {
+// Start runs the child and waits until it writes its ready line. It fails
+// the test if the child exits first or is not ready within timeout.
+func (p *Process) Start(timeout time.Duration) {
 	p.t.Helper()
-	return p.start(timeout, nil)
+	p.start(timeout, nil)
 }
 
 // StartProbe runs a child that writes no ready line (the delayproxy
@@ -79,7 +77,9 @@ func (p *Process) StartProbe(timeout time.Duration, probe func() error) {
 // probeEvery is how often start asks probe whether the child is ready.
 const probeEvery = 20 * time.Millisecond
 
-func (p *Process) start(timeout time.Duration, probe func() error) string {
+// start runs the child and waits until it is ready: until it writes its
+// ready line, or until probe returns nil when probe is not nil.
+func (p *Process) start(timeout time.Duration, probe func() error) {
 	p.t.Helper()
 	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -87,7 +87,7 @@ func (p *Process) start(timeout time.Duration, probe func() error) string {
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "--- crashtest: start %s\n", time.Now().Format(time.RFC3339Nano))
-	lines := make(chan string, 1)
+	ready := make(chan struct{}, 1)
 	cmd := exec.Command(p.path, p.args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "DELAYPROXY_") {
@@ -95,7 +95,7 @@ func (p *Process) start(timeout time.Duration, probe func() error) string {
 		}
 	}
 	cmd.Env = append(cmd.Env, p.env...)
-	cmd.Stdout = &lineWatcher{ready: lines}
+	cmd.Stdout = &lineWatcher{ready: ready}
 	cmd.Stderr = logf
 	if err := cmd.Start(); err != nil {
 		p.t.Fatalf("crashtest: start %s: %v", p.path, err)
@@ -108,15 +108,15 @@ func (p *Process) start(timeout time.Duration, probe func() error) string {
 	defer tick.Stop()
 	for {
 		select {
-		case line := <-lines:
+		case <-ready:
 			if probe == nil {
-				p.running(r, line)
-				return line
+				p.running(r)
+				return
 			}
 		case <-tick.C:
 			if probe != nil && probe() == nil {
-				p.running(r, "")
-				return ""
+				p.running(r)
+				return
 			}
 		case <-r.done:
 			p.t.Fatalf("crashtest: child exited before it was ready (%v); log %s:\n%s", r.err, p.log, p.Tail(40))
@@ -128,11 +128,11 @@ func (p *Process) start(timeout time.Duration, probe func() error) string {
 	}
 }
 
-// running records r as the running child, ready.
-func (p *Process) running(r *run, ready string) {
+// running records r as the running child.
+func (p *Process) running(r *run) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.run, p.ready = r, ready
+	p.run = r
 }
 
 // current is the running child; it fails the test when none runs. With
@@ -150,13 +150,6 @@ func (p *Process) current(op string, take bool) *run {
 		p.run = nil
 	}
 	return r
-}
-
-// Ready is the ready line of the current run.
-func (p *Process) Ready() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.ready
 }
 
 // Pid is the running child's process id, 0 when none runs.
@@ -247,10 +240,10 @@ func (p *Process) LogContains(s string) bool {
 	return err == nil && bytes.Contains(b, []byte(s))
 }
 
-// lineWatcher is a child's standard output: it hands the first ready line
-// to ready and discards the rest.
+// lineWatcher is a child's standard output: it signals ready once it saw
+// the ready line and discards everything.
 type lineWatcher struct {
-	ready chan string
+	ready chan<- struct{} // capacity 1
 	buf   []byte
 	seen  bool
 }
@@ -265,11 +258,11 @@ func (w *lineWatcher) Write(b []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		line := string(w.buf[:i])
+		line := w.buf[:i]
 		w.buf = w.buf[i+1:]
-		if rest, ok := strings.CutPrefix(line, ReadyPrefix); ok {
+		if bytes.HasPrefix(line, []byte(ReadyPrefix)) {
 			w.seen, w.buf = true, nil
-			w.ready <- rest
+			w.ready <- struct{}{}
 			break
 		}
 	}

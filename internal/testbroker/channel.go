@@ -3,6 +3,7 @@ package testbroker
 import (
 	"net/url"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -74,4 +75,22 @@ func Channel(t testing.TB, c *amqp.Connection) *amqp.Channel {
 		t.Fatalf("testbroker: channel.open: %v", err)
 	}
 	return ch
+}
+
+// AwaitClose waits up to d for a channel or connection to close (closed is
+// its NotifyClose channel) and returns the error RabbitMQ or the proxy
+// closed it with; it fails the test if it is still open after d or closed
+// without an error.
+func AwaitClose(t testing.TB, closed <-chan *amqp.Error, d time.Duration) *amqp.Error {
+	t.Helper()
+	select {
+	case e, ok := <-closed:
+		if !ok || e == nil {
+			t.Fatal("testbroker: closed without an error")
+		}
+		return e
+	case <-time.After(d):
+		t.Fatalf("testbroker: still open after %v", d)
+	}
+	return nil
 }

@@ -1,7 +1,8 @@
 // Package testbroker gives tests the real RabbitMQ they run against: its
-// address (URL), a channel to it for setup and cleanup (WithChannel,
-// DeleteQueue, DeleteExchange), and its rabbitmqctl (Ctl,
-// CloseConnections). A test that needs the broker fails when it is
+// address (URL), client connections and channels (Dial, Channel, to it or
+// to a proxy in front of it), one-off channels for setup and cleanup
+// (WithChannel, DeleteQueue, DeleteExchange), and its rabbitmqctl (Ctl,
+// AddUser, CloseConnections). A test that needs the broker fails when it is
 // unreachable: it never skips, so CI cannot pass without having talked to
 // RabbitMQ.
 package testbroker
