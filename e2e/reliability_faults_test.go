@@ -21,7 +21,7 @@ import (
 // through the proxy fail at once rather than hang; when it is back they
 // connect and publish again, and every message confirmed before or after
 // is delivered, with duplicates within one release window.
-// TestFaultBrokerStopDuringRelease (fault_e2e_test.go) covers the stop
+// TestFaultBrokerStopDuringRelease (fault_test.go) covers the stop
 // during a release burst.
 func TestFaultBrokerStopDuringPublish(t *testing.T) {
 	const clients = 3

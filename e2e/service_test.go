@@ -21,7 +21,7 @@ import (
 // End-to-end tests of the operator's side of a running proxy against the
 // real RabbitMQ: metrics that move with traffic, the admin API (count, list,
 // cancel), token enforcement, health and readiness. Logging is in
-// service_log_e2e_test.go; the binary's signals in cmd/delayproxy.
+// service_log_test.go; the binary's signals in cmd/delayproxy.
 
 // TestService_MetricsMoveWithDelayedTraffic: a few delayed publishes and
 // their releases move the counters, the per-exchange pending gauge (up, then
