@@ -3,7 +3,7 @@
 // driven by real clients, through the exported API only. It holds tests
 // only.
 //
-// What the suite covers: delayed delivery through the proxy (delayed_test),
+// What the suite covers: delayed delivery through the proxy (delayed_*),
 // the service around it: admin API, metrics, logs, TLS, heartbeats
 // (service_*), RabbitMQ's own authorization of delayed publishes
 // (auth_test), and the reliability claims of the README (reliability_*):

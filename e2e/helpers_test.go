@@ -449,6 +449,16 @@ func (c *consumer) wait(t testing.TB, n int, d time.Duration) []arrival {
 	}
 }
 
+// waitByID is wait by message-id (the last arrival of each).
+func (c *consumer) waitByID(t testing.TB, n int, d time.Duration) map[string]arrival {
+	t.Helper()
+	got := map[string]arrival{}
+	for _, a := range c.wait(t, n, d) {
+		got[a.MessageId] = a
+	}
+	return got
+}
+
 // httpDo sends a request to the proxy's HTTP server and returns the status
 // and body.
 func (tp *testProxy) httpDo(t testing.TB, method, path string) (int, []byte) {
