@@ -2,21 +2,16 @@ package delayproxy
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"log/slog"
-	"math/big"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayproxy/delayproxy/internal/testcert"
 )
 
 // env returns a getenv over a map.
@@ -89,7 +84,7 @@ func TestLoadConfigInvalid(t *testing.T) {
 	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	certFile, keyFile := writeCert(t, dir)
+	certFile, keyFile := testcert.New(t).Write(t, dir)
 	tests := []struct {
 		name string
 		args []string
@@ -163,7 +158,7 @@ func TestLoadConfigInvalid(t *testing.T) {
 
 func TestLoadConfigValid(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile := writeCert(t, dir)
+	certFile, keyFile := testcert.New(t).Write(t, dir)
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte("  s3cret-s3cret-s3cret\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -300,36 +295,4 @@ func TestFormatRoundTrip(t *testing.T) {
 			t.Errorf("size %d -> %q -> %d, %v", n, formatSize(n), int64(v), err)
 		}
 	}
-}
-
-// writeCert writes a self-signed ECDSA certificate and key into dir.
-func writeCert(t *testing.T, dir string) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "delayproxy test"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		DNSNames:     []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
 }

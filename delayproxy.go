@@ -27,8 +27,7 @@ type Proxy struct {
 	cfg Config
 	log *slog.Logger
 	// clock is the wall clock delayed publishes are timed by and the
-	// scheduler releases by; nil is the system clock. Tests freeze it and
-	// move it forward.
+	// scheduler releases by (WithClock); nil is the system clock.
 	clock scheduler.Clock
 
 	ready chan struct{} // closed once Run listens on every address
@@ -38,15 +37,29 @@ type Proxy struct {
 	httpAddr net.Addr
 }
 
+// Option changes how New builds a Proxy.
+type Option func(*Proxy)
+
+// WithClock times delayed publishes and their releases by clock instead of
+// the system clock: the wall clock a due time is computed from (now +
+// x-delay) and the scheduler releases by. Tests freeze it and move it.
+func WithClock(clock scheduler.Clock) Option {
+	return func(p *Proxy) { p.clock = clock }
+}
+
 // New checks cfg and returns a Proxy; nothing is opened until Run.
-func New(cfg Config, logger *slog.Logger) (*Proxy, error) {
+func New(cfg Config, logger *slog.Logger, opts ...Option) (*Proxy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Proxy{cfg: cfg, log: logger, ready: make(chan struct{})}, nil
+	p := &Proxy{cfg: cfg, log: logger, ready: make(chan struct{})}
+	for _, opt := range opts {
+		opt(p)
+	}
+	return p, nil
 }
 
 // Ready is closed once Run has opened the store and listens.

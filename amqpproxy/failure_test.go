@@ -10,6 +10,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // malformedCases send something broken on an open connection; code is what
@@ -117,15 +119,10 @@ func TestUpstreamConnectionLost(t *testing.T) {
 	p := startProxy(t, Config{Upstream: "amqp://" + fw.l.Addr().String()})
 	conn := p.dial(t, amqp.Config{})
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	channel(t, conn)
+	testbroker.Channel(t, conn)
 	fw.cut()
-	select {
-	case e := <-closed:
-		if e == nil || e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "upstream connection lost") {
-			t.Fatalf("closed with %v", e)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("client not told")
+	if e := testbroker.AwaitClose(t, closed, 10*time.Second); e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "upstream connection lost") {
+		t.Fatalf("closed with %v", e)
 	}
 }
 
@@ -139,13 +136,8 @@ func TestUpstreamMissedHeartbeats(t *testing.T) {
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	fw.freeze()
 	start := time.Now()
-	select {
-	case e := <-closed:
-		if e == nil || e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "missed heartbeats") {
-			t.Fatalf("closed with %v", e)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("client not told")
+	if e := testbroker.AwaitClose(t, closed, 10*time.Second); e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "missed heartbeats") {
+		t.Fatalf("closed with %v", e)
 	}
 	if d := time.Since(start); d > 2800*time.Millisecond { // 2 s, and slack for a busy machine
 		t.Fatalf("noticed after %v, want within two 1 s intervals", d)
@@ -180,7 +172,7 @@ func TestClientMissedHeartbeats(t *testing.T) {
 	if beats < 2 {
 		t.Fatalf("proxy sent %d heartbeats in two intervals", beats)
 	}
-	within(t, 5*time.Second, "the upstream connection to close", func() bool { return fw.open() == 0 })
+	testwait.Until(t, 5*time.Second, "the upstream connection to close", func() bool { return fw.open() == 0 })
 }
 
 func TestShutdown(t *testing.T) {
@@ -188,7 +180,7 @@ func TestShutdown(t *testing.T) {
 	p := startProxy(t, Config{})
 	conn := p.dial(t, amqp.Config{})
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	channel(t, conn)
+	testbroker.Channel(t, conn)
 	half := rawDial(t, p.addr) // in its handshake
 	half.raw(wire.ProtocolHeader[:])
 	half.expect(0, wire.IDConnectionStart)
@@ -197,13 +189,8 @@ func TestShutdown(t *testing.T) {
 	}
 	// Shutdown returned once the client answered connection.close;
 	// amqp091-go reports the close on its own goroutine, maybe just after.
-	select {
-	case e := <-closed:
-		if e == nil || e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "shutting down") {
-			t.Fatalf("closed with %v", e)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the client was never told the proxy is shutting down")
+	if e := testbroker.AwaitClose(t, closed, 5*time.Second); e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "shutting down") {
+		t.Fatalf("closed with %v", e)
 	}
 	half.expectHangup()
 	if _, err := amqp.Dial(p.url(t)); err == nil {
@@ -238,7 +225,7 @@ func TestBackPressure(t *testing.T) {
 	const limit = 64 << 10
 	p := startProxy(t, Config{WriteQueueBytes: limit})
 	q := declareQueue(t, nil)
-	producer := channel(t, dialBroker(t))
+	producer := testbroker.Channel(t, dialBroker(t))
 	if err := producer.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +242,7 @@ func TestBackPressure(t *testing.T) {
 	c.expect(1, wire.IDBasicConsumeOk)
 
 	var s *session
-	within(t, 5*time.Second, "the session", func() bool {
+	testwait.Until(t, 5*time.Second, "the session", func() bool {
 		p.srv.mu.Lock()
 		defer p.srv.mu.Unlock()
 		for x := range p.srv.sessions {
@@ -314,7 +301,7 @@ func TestHeartbeatOffer(t *testing.T) {
 			if got := conn.Config.Heartbeat; got != time.Duration(max(tt.want, 1))*time.Second {
 				t.Fatalf("negotiated %v", got)
 			}
-			channel(t, conn)
+			testbroker.Channel(t, conn)
 		})
 	}
 }

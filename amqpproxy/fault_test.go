@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -22,10 +23,10 @@ func TestFaultConnectionBlocked(t *testing.T) {
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
 	conn := p.dial(t, amqp.Config{})
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	t.Cleanup(func() { rabbitmqctl(t, "set_vm_memory_high_watermark", "0.4") })
-	rabbitmqctl(t, "set_vm_memory_high_watermark", "0.0000001")
+	t.Cleanup(func() { testbroker.Ctl(t, "set_vm_memory_high_watermark", "0.4") })
+	testbroker.Ctl(t, "set_vm_memory_high_watermark", "0.0000001")
 	// RabbitMQ blocks a connection (and says so) when it next publishes.
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("held back")})
 	select {
@@ -36,7 +37,7 @@ func TestFaultConnectionBlocked(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no connection.blocked")
 	}
-	rabbitmqctl(t, "set_vm_memory_high_watermark", "0.4")
+	testbroker.Ctl(t, "set_vm_memory_high_watermark", "0.4")
 	select {
 	case b := <-blocked:
 		if b.Active {

@@ -16,6 +16,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testcert"
 )
 
 // TestServerProperties: connection.start advertises delayproxy, its
@@ -84,9 +86,9 @@ func TestWrongLogin(t *testing.T) {
 func TestVhostRefused(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
-	forbidden := uniqueName(t)
-	rabbitmqctl(t, "add_vhost", forbidden) // guest has no permission there
-	t.Cleanup(func() { rabbitmqctl(t, "delete_vhost", forbidden) })
+	forbidden := testbroker.UniqueName(t, "q")
+	testbroker.Ctl(t, "add_vhost", forbidden) // guest has no permission there
+	t.Cleanup(func() { testbroker.Ctl(t, "delete_vhost", forbidden) })
 	for _, tc := range []struct{ vhost, reason string }{
 		{"no-such-vhost", "vhost no-such-vhost not found"},
 		{forbidden, "access to vhost '" + forbidden + "' refused for user 'guest'"},
@@ -104,9 +106,9 @@ func TestVhostRefused(t *testing.T) {
 func TestConnectionName(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
-	name := uniqueName(t)
+	name := testbroker.UniqueName(t, "q")
 	p.dial(t, amqp.Config{Properties: amqp.Table{"connection_name": name, "x-test": "kept"}})
-	out := rabbitmqctl(t, "list_connections", "client_properties")
+	out := testbroker.Ctl(t, "list_connections", "client_properties")
 	if !strings.Contains(out, name) || !strings.Contains(out, "kept") {
 		t.Fatalf("connection_name %q not in rabbitmqctl list_connections:\n%s", name, out)
 	}
@@ -183,16 +185,16 @@ func TestUpstreamUnreachable(t *testing.T) {
 
 func TestTLSListener(t *testing.T) {
 	t.Parallel()
-	cert := newTestCert(t)
-	p := startProxy(t, Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert.cert}}})
+	cert := testcert.New(t)
+	p := startProxy(t, Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert.TLS}}})
 	u := strings.Replace(p.url(t), "amqp://", "amqps://", 1)
-	conn, err := amqp.DialTLS(u, &tls.Config{RootCAs: cert.pool})
+	conn, err := amqp.DialTLS(u, &tls.Config{RootCAs: cert.Pool})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
 	q := declareQueue(t, nil)
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("over tls")})
 	if d := get(t, ch, q); string(d.Body) != "over tls" {
 		t.Fatalf("got %q", d.Body)
@@ -205,22 +207,12 @@ func TestTLSListener(t *testing.T) {
 
 func TestTLSListenerFromFiles(t *testing.T) {
 	t.Parallel()
-	cert := newTestCert(t)
+	cert := testcert.New(t)
 	dir := t.TempDir()
-	keyDER, err := x509MarshalKey(cert)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, cert.certPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, keyDER, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	certFile, keyFile := cert.Write(t, dir)
 	p := startProxy(t, Config{CertFile: certFile, KeyFile: keyFile})
 	u := strings.Replace(p.url(t), "amqp://", "amqps://", 1)
-	conn, err := amqp.DialTLS(u, &tls.Config{RootCAs: cert.pool})
+	conn, err := amqp.DialTLS(u, &tls.Config{RootCAs: cert.Pool})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,11 +226,11 @@ func TestTLSListenerFromFiles(t *testing.T) {
 // RabbitMQ with a certificate made for the test.
 func TestUpstreamTLS(t *testing.T) {
 	t.Parallel()
-	cert := newTestCert(t)
-	tl := tls.NewListener(listen(t), &tls.Config{Certificates: []tls.Certificate{cert.cert}})
+	cert := testcert.New(t)
+	tl := tls.NewListener(listen(t), &tls.Config{Certificates: []tls.Certificate{cert.TLS}})
 	fw := startForwarder(t, tl, brokerAddr(t))
-	p := startProxy(t, Config{Upstream: "amqps://" + fw.l.Addr().String(), UpstreamTLS: &tls.Config{RootCAs: cert.pool}})
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	p := startProxy(t, Config{Upstream: "amqps://" + fw.l.Addr().String(), UpstreamTLS: &tls.Config{RootCAs: cert.Pool}})
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	q := declareQueue(t, nil)
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("tls upstream")})
 	if d := get(t, ch, q); string(d.Body) != "tls upstream" {
@@ -262,13 +254,13 @@ func TestAmqpTools(t *testing.T) {
 			t.Fatalf("%s not installed (apt-get install amqp-tools; .ci/run does): %v", tool, err)
 		}
 	}
-	cert := newTestCert(t)
+	cert := testcert.New(t)
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(caFile, cert.certPEM, 0o600); err != nil {
+	if err := os.WriteFile(caFile, cert.CertPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	plain := startProxy(t, Config{})
-	secure := startProxy(t, Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert.cert}}})
+	secure := startProxy(t, Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert.TLS}}})
 	for _, tc := range []struct {
 		name string
 		url  string
@@ -279,7 +271,7 @@ func TestAmqpTools(t *testing.T) {
 		{"tls", "amqps://guest:guest@localhost:" + port(secure.addr), []string{"--ssl", "--cacert=" + caFile}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			q := uniqueName(t)
+			q := testbroker.UniqueName(t, "q")
 			run := func(tool string, args ...string) string {
 				t.Helper()
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -294,7 +286,7 @@ func TestAmqpTools(t *testing.T) {
 			if got := strings.TrimSpace(run("amqp-declare-queue", "-q", q)); got != q {
 				t.Fatalf("amqp-declare-queue printed %q", got)
 			}
-			t.Cleanup(func() { deleteQueue(t, q) })
+			t.Cleanup(func() { testbroker.DeleteQueue(t, q) })
 			run("amqp-publish", "-r", q, "-p", "-H", "x-from: amqp-tools", "-b", "hello from C")
 			if got := run("amqp-consume", "-q", q, "-c", "1", "cat"); got != "hello from C" {
 				t.Fatalf("amqp-consume printed %q", got)

@@ -14,6 +14,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // testHooks is a configurable interceptor: every field may be nil.
@@ -150,7 +152,7 @@ func checkConfirms(t *testing.T, ch *amqp.Channel, confirms <-chan amqp.Confirma
 		}
 		body := fmt.Sprintf("%s-%d", prefix, i)
 		var want, known bool
-		within(t, 5*time.Second, "the fate of "+body, func() bool { want, known = fate(body); return known })
+		testwait.Until(t, 5*time.Second, "the fate of "+body, func() bool { want, known = fate(body); return known })
 		if c.Ack != want {
 			t.Fatalf("%s: tag %d ack=%v, want %v", prefix, c.DeliveryTag, c.Ack, want)
 		}
@@ -175,7 +177,7 @@ func TestInterceptConfirmsFakeBroker(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for c := range 4 {
-		ch := channel(t, conn)
+		ch := testbroker.Channel(t, conn)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -206,7 +208,7 @@ func TestInterceptConfirmsRabbitMQ(t *testing.T) {
 	var wg sync.WaitGroup
 	relayed := make([]int, 3)
 	for c := range 3 {
-		ch := channel(t, conn)
+		ch := testbroker.Channel(t, conn)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -215,7 +217,7 @@ func TestInterceptConfirmsRabbitMQ(t *testing.T) {
 	}
 	wg.Wait()
 	hooks.wg.Wait()
-	st, err := channel(t, conn).QueueDeclarePassive(q, false, false, false, false, nil)
+	st, err := testbroker.Channel(t, conn).QueueDeclarePassive(q, false, false, false, false, nil)
 	if want := relayed[0] + relayed[1] + relayed[2]; err != nil || st.Messages != want {
 		t.Fatalf("queue holds %d (%v), want the %d relayed", st.Messages, err, want)
 	}
@@ -255,7 +257,7 @@ func TestInterceptChannelClosedWithConfirmsPending(t *testing.T) {
 			conn := p.dial(t, amqp.Config{})
 			closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 			for round := range 3 {
-				ch := channel(t, conn)
+				ch := testbroker.Channel(t, conn)
 				if err := ch.Confirm(false); err != nil {
 					t.Fatal(err)
 				}
@@ -267,7 +269,7 @@ func TestInterceptChannelClosedWithConfirmsPending(t *testing.T) {
 				}
 			}
 			hooks.wg.Wait() // every late answer has been given
-			ch := channel(t, conn)
+			ch := testbroker.Channel(t, conn)
 			publishAndCheck(t, ch, "after", q, 30, fate)
 			select {
 			case e := <-closed:
@@ -313,9 +315,9 @@ func TestInterceptDeclareRewriteHeldReply(t *testing.T) {
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
 	conn := p.dial(t, amqp.Config{})
-	ch := channel(t, conn)
-	name := uniqueName(t)
-	t.Cleanup(func() { deleteExchange(t, name) })
+	ch := testbroker.Channel(t, conn)
+	name := testbroker.UniqueName(t, "q")
+	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
 	start := time.Now()
 	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "topic"}); err != nil {
 		t.Fatal(err)
@@ -323,7 +325,7 @@ func TestInterceptDeclareRewriteHeldReply(t *testing.T) {
 	if held.Load() != 1 || time.Since(start) < 100*time.Millisecond {
 		t.Fatalf("declare-ok reached the client before the hook passed it (%v)", time.Since(start))
 	}
-	if out := rabbitmqctl(t, "list_exchanges", "name", "type"); !strings.Contains(out, name+"\ttopic") {
+	if out := testbroker.Ctl(t, "list_exchanges", "name", "type"); !strings.Contains(out, name+"\ttopic") {
 		t.Fatalf("exchange %s is not a topic exchange upstream:\n%s", name, out)
 	}
 	// The same channel goes on: a plain declare passes through.
@@ -332,9 +334,9 @@ func TestInterceptDeclareRewriteHeldReply(t *testing.T) {
 	}
 
 	// Missing x-delayed-type: 406 from the proxy, channel closed, connection fine.
-	bad := channel(t, conn)
+	bad := testbroker.Channel(t, conn)
 	closedCh := bad.NotifyClose(make(chan *amqp.Error, 1))
-	err := bad.ExchangeDeclare(uniqueName(t), "x-delayed-message", true, false, false, false, nil)
+	err := bad.ExchangeDeclare(testbroker.UniqueName(t, "q"), "x-delayed-message", true, false, false, false, nil)
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed ||
 		ae.Reason != "PRECONDITION_FAILED - Invalid argument, 'x-delayed-type' must be an existing exchange type" {
@@ -343,7 +345,7 @@ func TestInterceptDeclareRewriteHeldReply(t *testing.T) {
 	if e := <-closedCh; e == nil || e.Code != amqp.PreconditionFailed {
 		t.Fatalf("channel closed with %v", e)
 	}
-	again := channel(t, conn) // reuses the number the proxy closed
+	again := testbroker.Channel(t, conn) // reuses the number the proxy closed
 	if err := again.ExchangeDeclarePassive(name, "topic", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -373,9 +375,9 @@ func TestInterceptNoWaitMadeSync(t *testing.T) {
 		})
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
-	ch := channel(t, p.dial(t, amqp.Config{}))
-	name := uniqueName(t)
-	t.Cleanup(func() { deleteExchange(t, name) })
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
+	name := testbroker.UniqueName(t, "q")
+	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
 	if err := ch.ExchangeDeclare(name, "fanout", false, false, false, true, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +407,7 @@ func TestInterceptAnswerLocally(t *testing.T) {
 		c.Relay(nil, nil)
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	q, err := ch.QueueDeclare("local-answer", false, false, false, false, nil)
 	if err != nil || q.Messages != 42 || q.Consumers != 7 {
 		t.Fatalf("local answer: %+v %v", q, err)
@@ -455,7 +457,7 @@ func TestInterceptTxGating(t *testing.T) {
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
 	}
@@ -503,7 +505,7 @@ func TestInterceptCloseChannelMidContent(t *testing.T) {
 	q := declareQueue(t, nil)
 	conn := p.dial(t, amqp.Config{FrameSize: 4096})
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	body := make([]byte, 8<<20)
 	publish(t, ch, "", "big", amqp.Publishing{Body: body})
@@ -517,7 +519,7 @@ func TestInterceptCloseChannelMidContent(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("channel not closed")
 	}
-	ch2 := channel(t, conn)
+	ch2 := testbroker.Channel(t, conn)
 	publish(t, ch2, "", q, amqp.Publishing{Body: []byte("after")})
 	if d := get(t, ch2, q); string(d.Body) != "after" {
 		t.Fatalf("got %q", d.Body)
@@ -536,7 +538,7 @@ func TestInterceptPublishCloseChannel(t *testing.T) {
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
 	conn := p.dial(t, amqp.Config{})
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -618,7 +620,7 @@ func TestInterceptLifecycle(t *testing.T) {
 	c.open(rawLogin{})
 	c.send(1, &wire.ChannelOpen{})
 	c.expect(1, wire.IDChannelOpenOk)
-	c.send(1, &wire.QueueDeclare{Queue: uniqueName(t), Passive: true}) // 404 closes the channel
+	c.send(1, &wire.QueueDeclare{Queue: testbroker.UniqueName(t, "q"), Passive: true}) // 404 closes the channel
 	cm := c.expect(1, wire.IDChannelClose).(*wire.ChannelClose)
 	if cm.ReplyCode != wire.NotFound {
 		t.Fatalf("close %+v", cm)
@@ -630,7 +632,7 @@ func TestInterceptLifecycle(t *testing.T) {
 	c.send(1, &wire.ChannelCloseOk{})
 	c.send(0, &wire.ConnectionClose{ReplyCode: 200})
 	c.expect(0, wire.IDConnectionCloseOk)
-	within(t, 5*time.Second, "Closed", func() bool { return hooks.closed.Load() == 1 })
+	testwait.Until(t, 5*time.Second, "Closed", func() bool { return hooks.closed.Load() == 1 })
 	if hooks.opened.Load() != 1 {
 		t.Fatalf("Open called %d times", hooks.opened.Load())
 	}
@@ -649,7 +651,7 @@ func TestInterceptRelayAssembled(t *testing.T) {
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}

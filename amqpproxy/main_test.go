@@ -2,15 +2,7 @@ package amqpproxy
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"net/url"
-	"os"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +10,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testlog"
+	"github.com/delayproxy/delayproxy/internal/testserver"
 )
 
 func TestMain(m *testing.M) {
@@ -31,14 +25,6 @@ type testProxy struct {
 	addr string
 }
 
-// testLogger discards logs unless DELAYPROXY_TEST_LOG is set.
-func testLogger() *slog.Logger {
-	if os.Getenv("DELAYPROXY_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
 // startProxy starts a Server for the test; cfg.Upstream defaults to the
 // test broker. The Server is closed in t.Cleanup, and Serve must return
 // ErrServerClosed.
@@ -48,25 +34,13 @@ func startProxy(t testing.TB, cfg Config) *testProxy {
 		cfg.Upstream = testbroker.URL(t)
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = testLogger()
+		cfg.Logger = testlog.New()
 	}
 	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	t.Cleanup(func() {
-		srv.Close()
-		if err := <-served; !errors.Is(err, ErrServerClosed) {
-			t.Errorf("Serve returned %v, want ErrServerClosed", err)
-		}
-	})
-	return &testProxy{srv: srv, addr: l.Addr().String()}
+	return &testProxy{srv: srv, addr: testserver.Serve(t, srv, ErrServerClosed)}
 }
 
 // url is the proxy's address with the broker's credentials and vhost.
@@ -94,89 +68,21 @@ func (p *testProxy) dial(t testing.TB, cfg amqp.Config) *amqp.Connection {
 // dialBroker connects straight to RabbitMQ; closed in Cleanup.
 func dialBroker(t testing.TB) *amqp.Connection {
 	t.Helper()
-	c, err := amqp.Dial(testbroker.URL(t))
-	if err != nil {
-		t.Fatalf("dial broker: %v", err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func channel(t testing.TB, c *amqp.Connection) *amqp.Channel {
-	t.Helper()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ch
-}
-
-var nameSeq atomic.Uint64
-
-// uniqueName is a queue or exchange name no other test (or run) uses.
-func uniqueName(t testing.TB) string {
-	n := strings.NewReplacer("/", ".", " ", "_").Replace(t.Name())
-	return fmt.Sprintf("dp-test.%s.%d.%d", n, time.Now().UnixNano(), nameSeq.Add(1))
+	return testbroker.Dial(t, testbroker.URL(t))
 }
 
 // declareQueue declares a queue straight on the broker and deletes it in
 // Cleanup.
 func declareQueue(t testing.TB, args amqp.Table) string {
 	t.Helper()
-	name := uniqueName(t)
+	name := testbroker.UniqueName(t, "q")
 	conn := dialBroker(t)
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	if _, err := ch.QueueDeclare(name, false, false, false, false, args); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { deleteQueue(t, name) })
+	t.Cleanup(func() { testbroker.DeleteQueue(t, name) })
 	return name
-}
-
-func deleteQueue(t testing.TB, name string) {
-	c, err := amqp.Dial(testbroker.URL(t))
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	defer c.Close()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
-		t.Errorf("cleanup: delete queue %s: %v", name, err)
-	}
-}
-
-func deleteExchange(t testing.TB, name string) {
-	c, err := amqp.Dial(testbroker.URL(t))
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	defer c.Close()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	if err := ch.ExchangeDelete(name, false, false); err != nil {
-		t.Errorf("cleanup: delete exchange %s: %v", name, err)
-	}
-}
-
-// within fails the test unless f reports true before the deadline.
-func within(t testing.TB, d time.Duration, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func ctxTimeout(t testing.TB, d time.Duration) context.Context {

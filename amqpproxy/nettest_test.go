@@ -1,63 +1,10 @@
 package amqpproxy
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
-	"os/exec"
-	"strings"
 	"sync"
 	"testing"
-	"time"
 )
-
-// testCert is a self-signed certificate for 127.0.0.1 and localhost.
-type testCert struct {
-	cert    tls.Certificate
-	pool    *x509.CertPool
-	certPEM []byte
-}
-
-func newTestCert(t testing.TB) testCert {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "localhost"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		DNSNames:              []string{"localhost"},
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	return testCert{
-		cert:    tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf},
-		pool:    pool,
-		certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-	}
-}
 
 // forwarder relays TCP (or TLS, by its listener) connections to a target,
 // and can cut them or freeze them to play a dead peer.
@@ -173,23 +120,4 @@ func listen(t testing.TB) net.Listener {
 		t.Fatal(err)
 	}
 	return l
-}
-
-// rabbitmqctl runs rabbitmqctl and returns its output.
-func rabbitmqctl(t testing.TB, args ...string) string {
-	t.Helper()
-	out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-// x509MarshalKey is the certificate's private key in PEM.
-func x509MarshalKey(c testCert) ([]byte, error) {
-	der, err := x509.MarshalECPrivateKey(c.cert.PrivateKey.(*ecdsa.PrivateKey))
-	if err != nil {
-		return nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
 }

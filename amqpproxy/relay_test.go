@@ -10,6 +10,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // Every test here runs amqp091-go through the proxy against the real
@@ -57,7 +59,7 @@ func next(t testing.TB, msgs <-chan amqp.Delivery) amqp.Delivery {
 func get(t testing.TB, ch *amqp.Channel, q string) amqp.Delivery {
 	t.Helper()
 	var d amqp.Delivery
-	within(t, 10*time.Second, "a message in "+q, func() bool {
+	testwait.Until(t, 10*time.Second, "a message in "+q, func() bool {
 		var ok bool
 		var err error
 		d, ok, err = ch.Get(q, true)
@@ -73,7 +75,7 @@ func TestPublishConsumeAck(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -106,14 +108,14 @@ func TestRejectNackQuorum(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	dlq := declareQueue(t, nil)
-	q := uniqueName(t)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	q := testbroker.UniqueName(t, "q")
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{
 		"x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq,
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { deleteQueue(t, q) })
+	t.Cleanup(func() { testbroker.DeleteQueue(t, q) })
 	if err := ch.Qos(1, 0, false); err != nil {
 		t.Fatal(err)
 	}
@@ -166,9 +168,9 @@ func TestTTL(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	dlq := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
-	perMsg := uniqueName(t)
-	perQueue := uniqueName(t)
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
+	perMsg := testbroker.UniqueName(t, "q")
+	perQueue := testbroker.UniqueName(t, "q")
 	for _, q := range []struct {
 		name string
 		args amqp.Table
@@ -179,7 +181,7 @@ func TestTTL(t *testing.T) {
 		if _, err := ch.QueueDeclare(q.name, false, false, false, false, q.args); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { deleteQueue(t, q.name) })
+		t.Cleanup(func() { testbroker.DeleteQueue(t, q.name) })
 	}
 	publish(t, ch, "", perMsg, amqp.Publishing{Body: []byte("per-message"), Expiration: "50"})
 	publish(t, ch, "", perQueue, amqp.Publishing{Body: []byte("per-queue")})
@@ -201,7 +203,7 @@ func TestMaxLength(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, amqp.Table{"x-max-length": int32(2)})
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +223,7 @@ func TestPriorityQueue(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, amqp.Table{"x-max-priority": int32(10)})
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +243,7 @@ func TestConfirmsMany(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +281,7 @@ func TestMandatoryReturnBeforeAck(t *testing.T) {
 	c.expect(1, wire.IDChannelOpenOk)
 	c.send(1, &wire.ConfirmSelect{})
 	c.expect(1, wire.IDConfirmSelectOk)
-	key := uniqueName(t)
+	key := testbroker.UniqueName(t, "q")
 	for range 2 {
 		c.send(1, &wire.BasicPublish{Exchange: "amq.direct", RoutingKey: key, Mandatory: true})
 		c.header(1, 5)
@@ -303,7 +305,7 @@ func TestMandatoryReturnBeforeAck(t *testing.T) {
 	}
 
 	// The same through amqp091-go.
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +327,7 @@ func TestTxCommitRollback(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +358,7 @@ func TestBasicGetPurgeRecover(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if _, ok, err := ch.Get(q, false); err != nil || ok {
 		t.Fatalf("get on an empty queue: %v %v", ok, err)
 	}
@@ -389,18 +391,18 @@ func TestBasicGetPurgeRecover(t *testing.T) {
 func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
-	a := channel(t, p.dial(t, amqp.Config{}))
+	a := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	excl, err := a.QueueDeclare("", false, false, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := channel(t, p.dial(t, amqp.Config{}))
+	b := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	_, err = b.QueueDeclarePassive(excl.Name, false, false, true, false, nil)
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || ae.Code != amqp.ResourceLocked {
 		t.Fatalf("other connection on an exclusive queue: %v", err)
 	}
-	auto := uniqueName(t)
+	auto := testbroker.UniqueName(t, "q")
 	if _, err := a.QueueDeclare(auto, false, true, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -410,8 +412,8 @@ func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
 	if err := a.Cancel("c1", false); err != nil {
 		t.Fatal(err)
 	}
-	c := channel(t, p.dial(t, amqp.Config{}))
-	within(t, 5*time.Second, "the auto-delete queue to go", func() bool {
+	c := testbroker.Channel(t, p.dial(t, amqp.Config{}))
+	testwait.Until(t, 5*time.Second, "the auto-delete queue to go", func() bool {
 		_, err := c.QueueDeclarePassive(auto, false, true, false, false, nil)
 		if err == nil {
 			return false
@@ -419,7 +421,7 @@ func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
 		if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
 			t.Fatalf("passive declare: %v", err)
 		}
-		c = channel(t, p.dial(t, amqp.Config{}))
+		c = testbroker.Channel(t, p.dial(t, amqp.Config{}))
 		return true
 	})
 }
@@ -427,13 +429,13 @@ func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
 func TestExchangeToExchangeBinding(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
-	ch := channel(t, p.dial(t, amqp.Config{}))
-	src, dst := uniqueName(t), uniqueName(t)
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
+	src, dst := testbroker.UniqueName(t, "q"), testbroker.UniqueName(t, "q")
 	for _, e := range []struct{ name, kind string }{{src, "fanout"}, {dst, "direct"}} {
 		if err := ch.ExchangeDeclare(e.name, e.kind, false, false, false, false, nil); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { deleteExchange(t, e.name) })
+		t.Cleanup(func() { testbroker.DeleteExchange(t, e.name) })
 	}
 	q := declareQueue(t, nil)
 	if err := ch.QueueBind(q, "k", dst, false, nil); err != nil {
@@ -481,9 +483,9 @@ func TestChannelErrorClosesOnlyThatChannel(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	conn := p.dial(t, amqp.Config{})
-	bad, good := channel(t, conn), channel(t, conn)
+	bad, good := testbroker.Channel(t, conn), testbroker.Channel(t, conn)
 	closed := bad.NotifyClose(make(chan *amqp.Error, 1))
-	_, err := bad.QueueDeclarePassive(uniqueName(t), false, false, false, false, nil)
+	_, err := bad.QueueDeclarePassive(testbroker.UniqueName(t, "q"), false, false, false, false, nil)
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
 		t.Fatalf("passive declare of a missing queue: %v", err)
@@ -495,7 +497,7 @@ func TestChannelErrorClosesOnlyThatChannel(t *testing.T) {
 	if _, err := good.QueueDeclarePassive(q, false, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	again := channel(t, conn) // the freed number is reused
+	again := testbroker.Channel(t, conn) // the freed number is reused
 	if _, err := again.QueueDeclarePassive(q, false, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -510,12 +512,12 @@ func TestConsumerCancelNotify(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	cancels := ch.NotifyCancel(make(chan string, 1))
 	if _, err := ch.Consume(q, "the-consumer", false, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	deleteQueue(t, q)
+	testbroker.DeleteQueue(t, q)
 	select {
 	case tag := <-cancels:
 		if tag != "the-consumer" {
@@ -532,7 +534,7 @@ func TestLargeBodySmallFrames(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	q := declareQueue(t, nil)
-	ch := channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
 	body := make([]byte, 10<<20)
 	for i := range body {
 		body[i] = byte(i * 7)
@@ -557,7 +559,7 @@ func TestHeartbeatsKeepIdleConnection(t *testing.T) {
 	q := declareQueue(t, nil)
 	conn := p.dial(t, amqp.Config{Heartbeat: time.Second})
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	select {
 	case e := <-closed:
 		t.Fatalf("idle connection closed: %v", e)
@@ -573,20 +575,15 @@ func TestChannelFlowRelayed(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	conn := p.dial(t, amqp.Config{})
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	if err := ch.Flow(true); err != nil {
 		t.Fatal(err)
 	}
 	// RabbitMQ answers active=false with 540 NOT_IMPLEMENTED: relayed, not emulated.
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	ch.Flow(false)
-	select {
-	case e := <-closed:
-		if e == nil || e.Code != amqp.NotImplemented {
-			t.Fatalf("closed with %v", e)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no 540")
+	if e := testbroker.AwaitClose(t, closed, 10*time.Second); e.Code != amqp.NotImplemented {
+		t.Fatalf("closed with %v", e)
 	}
 }
 
@@ -594,7 +591,7 @@ func TestAMQPLAIN(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
 	conn := p.dial(t, amqp.Config{SASL: []amqp.Authentication{&amqp.AMQPlainAuth{Username: "guest", Password: "guest"}}})
-	if _, err := channel(t, conn).QueueDeclare("", false, true, true, false, nil); err != nil {
+	if _, err := testbroker.Channel(t, conn).QueueDeclare("", false, true, true, false, nil); err != nil {
 		t.Fatal(err)
 	}
 }

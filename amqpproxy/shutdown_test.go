@@ -2,13 +2,13 @@ package amqpproxy
 
 import (
 	"context"
-	"errors"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testlog"
+	"github.com/delayproxy/delayproxy/internal/testserver"
 )
 
 // TestShutdownBetweenOpenOkAndRelay: a connection that has been sent
@@ -16,7 +16,7 @@ import (
 // comes gets 320 CONNECTION_FORCED, not a bare hangup.
 func TestShutdownBetweenOpenOkAndRelay(t *testing.T) {
 	t.Parallel()
-	srv, err := New(Config{Upstream: testbroker.URL(t), Logger: testLogger()})
+	srv, err := New(Config{Upstream: testbroker.URL(t), Logger: testlog.New()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,20 +26,7 @@ func TestShutdownBetweenOpenOkAndRelay(t *testing.T) {
 		inWindow <- s
 		<-release
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	t.Cleanup(func() {
-		srv.Close()
-		if err := <-served; !errors.Is(err, ErrServerClosed) {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-
-	c := rawDial(t, l.Addr().String())
+	c := rawDial(t, testserver.Serve(t, srv, ErrServerClosed))
 	c.open(rawLogin{})
 	s := <-inWindow
 	shut := make(chan error, 1)

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
 // pipeWriter runs a client-bound writer over net.Pipe and collects what it
@@ -226,14 +227,14 @@ func TestInterceptConfirmsDuringDeliveries(t *testing.T) {
 	q := declareQueue(t, nil)
 	feed := declareQueue(t, nil)
 	conn := p.dial(t, amqp.Config{FrameSize: 4096})
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	deliveries, err := ch.Consume(feed, "", true, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const n = 30
 	body := bytes.Repeat([]byte("0123456789abcdef"), 200<<10/16)
-	producer := channel(t, dialBroker(t))
+	producer := testbroker.Channel(t, dialBroker(t))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -8,7 +8,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -20,8 +19,8 @@ import (
 	"github.com/prometheus/common/model"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testproxy"
 )
 
 // End-to-end benchmarks of delayed messages: a whole delayproxy (listener,
@@ -43,40 +42,17 @@ func startDelayProxy(b *testing.B) string {
 // the proxy's HTTP endpoint (/metrics).
 func startDelayProxyHTTP(b *testing.B) (amqpURL, httpURL string) {
 	b.Helper()
-	cfg := delayproxy.DefaultConfig()
-	cfg.ListenAddr = "127.0.0.1:0"
-	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.UpstreamURL = testbroker.URL(b)
-	cfg.DataDir = b.TempDir()
 	var logs io.Writer = io.Discard
 	if os.Getenv("DELAYPROXY_BENCH_LOG") != "" {
 		logs = os.Stderr
 	}
-	p, err := delayproxy.New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
+	p := testproxy.Start(b, testproxy.Config(b), slog.New(slog.NewTextHandler(logs, nil)))
 	b.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := p.Stop(b, time.Minute); err != nil {
 			b.Errorf("delayproxy.Run: %v", err)
 		}
 	})
-	select {
-	case <-p.Ready():
-	case err := <-done:
-		b.Fatalf("delayproxy.Run: %v", err)
-	}
-	amqpAddr, httpAddr := p.Addrs()
-	u, err := url.Parse(cfg.UpstreamURL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	u.Scheme, u.Host = "amqp", amqpAddr.String()
-	return u.String(), "http://" + httpAddr.String()
+	return p.URL(), p.HTTP()
 }
 
 // declareDelayedExchange declares a durable x-delayed-message exchange of
@@ -102,10 +78,7 @@ type confirmedPublisher struct {
 
 func newConfirmedPublisher(b *testing.B, u string, window int) *confirmedPublisher {
 	b.Helper()
-	ch := dialChannel(b, u)
-	if err := ch.Confirm(false); err != nil {
-		b.Fatal(err)
-	}
+	ch := dialConfirm(b, u)
 	return &confirmedPublisher{ch: ch, confirms: ch.NotifyPublish(make(chan amqp.Confirmation, window)), window: window}
 }
 

@@ -2,11 +2,9 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"slices"
 	"sync"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testserver"
 )
 
 // The proxy benchmarks run the same load straight against RabbitMQ and
@@ -39,23 +38,12 @@ func proxyTargets(b *testing.B) []proxyTarget {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	b.Cleanup(func() {
-		srv.Close()
-		if err := <-served; !errors.Is(err, amqpproxy.ErrServerClosed) {
-			b.Errorf("Serve: %v", err)
-		}
-	})
+	addr := testserver.Serve(b, srv, amqpproxy.ErrServerClosed)
 	u, err := url.Parse(direct)
 	if err != nil {
 		b.Fatal(err)
 	}
-	u.Host = l.Addr().String()
+	u.Host = addr
 	return []proxyTarget{{"direct", direct}, {"proxy", u.String()}}
 }
 
@@ -70,18 +58,45 @@ func benchQueue(b *testing.B, ch *amqp.Channel) string {
 	return q.Name
 }
 
+// dialChannel opens a channel on a fresh connection to u.
 func dialChannel(b *testing.B, u string) *amqp.Channel {
 	b.Helper()
-	conn, err := amqp.Dial(u)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
+	return testbroker.Channel(b, testbroker.Dial(b, u))
+}
+
+// dialConfirm opens a confirm-mode channel on a fresh connection to u.
+func dialConfirm(b *testing.B, u string) *amqp.Channel {
+	b.Helper()
+	ch := dialChannel(b, u)
+	if err := ch.Confirm(false); err != nil {
 		b.Fatal(err)
 	}
 	return ch
+}
+
+// runTargets runs f as a sub-benchmark against each proxyTarget, on a
+// channel dial opens, with a fresh queue.
+func runTargets(b *testing.B, dial func(*testing.B, string) *amqp.Channel, f func(b *testing.B, target string, ch *amqp.Channel, q string)) {
+	for _, t := range proxyTargets(b) {
+		b.Run(t.name, func(b *testing.B) {
+			ch := dial(b, t.url)
+			f(b, t.name, ch, benchQueue(b, ch))
+		})
+	}
+}
+
+// ackN receives n deliveries from msgs and acks each.
+func ackN(b *testing.B, msgs <-chan amqp.Delivery, n int) {
+	b.Helper()
+	for range n {
+		m, ok := <-msgs
+		if !ok {
+			b.Fatal("consumer closed")
+		}
+		if err := m.Ack(false); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // rates keeps the direct rate of the latest run for the proxy run to
@@ -109,87 +124,65 @@ var payload64 = []byte("0123456789abcdef0123456789abcdef0123456789abcdef01234567
 // Target: ratio >= 0.9.
 func BenchmarkProxy_ConfirmedPublish64(b *testing.B) {
 	var r rates
-	for _, t := range proxyTargets(b) {
-		b.Run(t.name, func(b *testing.B) {
-			ch := dialChannel(b, t.url)
-			q := benchQueue(b, ch)
-			if err := ch.Confirm(false); err != nil {
+	runTargets(b, dialConfirm, func(b *testing.B, target string, ch *amqp.Channel, q string) {
+		const window = 1000
+		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, window))
+		slots := make(chan struct{}, window)
+		done := make(chan error, 1)
+		go func() {
+			for i := 0; i < b.N; i++ {
+				c, ok := <-confirms
+				if !ok || !c.Ack {
+					done <- fmt.Errorf("confirm %d: %+v", i, c)
+					return
+				}
+				<-slots
+			}
+			done <- nil
+		}()
+		msg := amqp.Publishing{Body: payload64, DeliveryMode: amqp.Persistent}
+		ctx := context.Background()
+		b.ResetTimer()
+		start := time.Now()
+		for range b.N {
+			slots <- struct{}{}
+			if err := ch.PublishWithContext(ctx, "", q, false, false, msg); err != nil {
 				b.Fatal(err)
 			}
-			const window = 1000
-			confirms := ch.NotifyPublish(make(chan amqp.Confirmation, window))
-			slots := make(chan struct{}, window)
-			done := make(chan error, 1)
-			go func() {
-				for i := 0; i < b.N; i++ {
-					c, ok := <-confirms
-					if !ok || !c.Ack {
-						done <- fmt.Errorf("confirm %d: %+v", i, c)
-						return
-					}
-					<-slots
-				}
-				done <- nil
-			}()
-			msg := amqp.Publishing{Body: payload64, DeliveryMode: amqp.Persistent}
-			ctx := context.Background()
-			b.ResetTimer()
-			start := time.Now()
-			for range b.N {
-				slots <- struct{}{}
-				if err := ch.PublishWithContext(ctx, "", q, false, false, msg); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := <-done; err != nil {
-				b.Fatal(err)
-			}
-			b.StopTimer()
-			r.report(b, t.name, float64(b.N)/time.Since(start).Seconds())
-		})
-	}
+		}
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		r.report(b, target, float64(b.N)/time.Since(start).Seconds())
+	})
 }
 
 // BenchmarkProxy_ConsumeManualAck64 consumes persistent 64-byte messages
 // with prefetch 500 and one basic.ack per message. Target: ratio >= 0.9.
 func BenchmarkProxy_ConsumeManualAck64(b *testing.B) {
 	var r rates
-	for _, t := range proxyTargets(b) {
-		b.Run(t.name, func(b *testing.B) {
-			ch := dialChannel(b, t.url)
-			q := benchQueue(b, ch)
-			fill(b, testbroker.URL(b), q, b.N)
-			if err := ch.Qos(500, 0, false); err != nil {
-				b.Fatal(err)
-			}
-			b.ResetTimer()
-			start := time.Now()
-			msgs, err := ch.Consume(q, "", false, false, false, false, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			for range b.N {
-				m, ok := <-msgs
-				if !ok {
-					b.Fatal("consumer closed")
-				}
-				if err := m.Ack(false); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.StopTimer()
-			r.report(b, t.name, float64(b.N)/time.Since(start).Seconds())
-		})
-	}
+	runTargets(b, dialChannel, func(b *testing.B, target string, ch *amqp.Channel, q string) {
+		fill(b, testbroker.URL(b), q, b.N)
+		if err := ch.Qos(500, 0, false); err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		start := time.Now()
+		msgs, err := ch.Consume(q, "", false, false, false, false, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ackN(b, msgs, b.N)
+		b.StopTimer()
+		r.report(b, target, float64(b.N)/time.Since(start).Seconds())
+	})
 }
 
 // fill publishes n persistent 64-byte messages into q, straight to RabbitMQ.
 func fill(b *testing.B, u, q string, n int) {
 	b.Helper()
-	ch := dialChannel(b, u)
-	if err := ch.Confirm(false); err != nil {
-		b.Fatal(err)
-	}
+	ch := dialConfirm(b, u)
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, n))
 	msg := amqp.Publishing{Body: payload64, DeliveryMode: amqp.Persistent}
 	for range n {
@@ -217,42 +210,35 @@ func BenchmarkProxy_PublishLatencyTransient(b *testing.B) { benchLatency(b, amqp
 func benchLatency(b *testing.B, mode uint8) {
 	var mu sync.Mutex // guards directP50
 	var directP50 time.Duration
-	for _, t := range proxyTargets(b) {
-		b.Run(t.name, func(b *testing.B) {
-			ch := dialChannel(b, t.url)
-			q := benchQueue(b, ch)
-			if err := ch.Confirm(false); err != nil {
+	runTargets(b, dialConfirm, func(b *testing.B, target string, ch *amqp.Channel, q string) {
+		msg := amqp.Publishing{Body: payload64, DeliveryMode: mode}
+		ctx := context.Background()
+		lat := make([]time.Duration, 0, b.N)
+		b.ResetTimer()
+		for range b.N {
+			start := time.Now()
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, msg)
+			if err != nil {
 				b.Fatal(err)
 			}
-			msg := amqp.Publishing{Body: payload64, DeliveryMode: mode}
-			ctx := context.Background()
-			lat := make([]time.Duration, 0, b.N)
-			b.ResetTimer()
-			for range b.N {
-				start := time.Now()
-				dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, msg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-					b.Fatalf("confirm: %v %v", ok, err)
-				}
-				lat = append(lat, time.Since(start))
+			if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+				b.Fatalf("confirm: %v %v", ok, err)
 			}
-			b.StopTimer()
-			slices.Sort(lat)
-			p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
-			b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
-			b.ReportMetric(float64(p99.Microseconds()), "p99-µs")
-			mu.Lock()
-			defer mu.Unlock()
-			if t.name == "direct" {
-				directP50 = p50
-			} else if directP50 > 0 {
-				b.ReportMetric(float64((p50 - directP50).Microseconds()), "added-p50-µs")
-			}
-		})
-	}
+			lat = append(lat, time.Since(start))
+		}
+		b.StopTimer()
+		slices.Sort(lat)
+		p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
+		b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
+		b.ReportMetric(float64(p99.Microseconds()), "p99-µs")
+		mu.Lock()
+		defer mu.Unlock()
+		if target == "direct" {
+			directP50 = p50
+		} else if directP50 > 0 {
+			b.ReportMetric(float64((p50 - directP50).Microseconds()), "added-p50-µs")
+		}
+	})
 }
 
 // BenchmarkProxy_Interleaved runs the publish and consume loads in rounds of
@@ -263,7 +249,6 @@ func BenchmarkProxy_Interleaved(b *testing.B) {
 	const round = 2000
 	b.Run("ConfirmedPublish64", func(b *testing.B) {
 		targets := proxyTargets(b)
-		var elapsed [2]time.Duration
 		type side struct {
 			ch       *amqp.Channel
 			q        string
@@ -271,39 +256,30 @@ func BenchmarkProxy_Interleaved(b *testing.B) {
 		}
 		var sides [2]side
 		for i, t := range targets {
-			ch := dialChannel(b, t.url)
+			ch := dialConfirm(b, t.url)
 			q := benchQueue(b, ch)
-			if err := ch.Confirm(false); err != nil {
-				b.Fatal(err)
-			}
 			sides[i] = side{ch, q, ch.NotifyPublish(make(chan amqp.Confirmation, round))}
 		}
 		msg := amqp.Publishing{Body: payload64, DeliveryMode: amqp.Persistent}
 		b.ResetTimer()
-		for done, r := 0, 0; done < b.N; done, r = done+round, r+1 {
-			n := min(round, b.N-done)
-			for k := range sides {
-				i := (k + r) % 2 // who goes first alternates
-				s := sides[i]
-				start := time.Now()
-				for range n {
-					if err := s.ch.PublishWithContext(context.Background(), "", s.q, false, false, msg); err != nil {
-						b.Fatal(err)
-					}
+		reportInterleaved(b, interleave(b, round, func(i, n int) time.Duration {
+			s := sides[i]
+			start := time.Now()
+			for range n {
+				if err := s.ch.PublishWithContext(context.Background(), "", s.q, false, false, msg); err != nil {
+					b.Fatal(err)
 				}
-				for range n {
-					if c := <-s.confirms; !c.Ack {
-						b.Fatalf("nack %+v", c)
-					}
-				}
-				elapsed[i] += time.Since(start)
 			}
-		}
-		reportInterleaved(b, elapsed)
+			for range n {
+				if c := <-s.confirms; !c.Ack {
+					b.Fatalf("nack %+v", c)
+				}
+			}
+			return time.Since(start)
+		}))
 	})
 	b.Run("ConsumeManualAck64", func(b *testing.B) {
 		targets := proxyTargets(b)
-		var elapsed [2]time.Duration
 		var chans [2]*amqp.Channel
 		var queues [2]string
 		for i, t := range targets {
@@ -314,38 +290,41 @@ func BenchmarkProxy_Interleaved(b *testing.B) {
 			}
 		}
 		b.ResetTimer()
-		for done, r := 0, 0; done < b.N; done, r = done+round, r+1 {
-			n := min(round, b.N-done)
-			for k := range chans {
-				i := (k + r) % 2 // who goes first alternates
-				ch := chans[i]
-				b.StopTimer()
-				fill(b, testbroker.URL(b), queues[i], n)
-				b.StartTimer()
-				start := time.Now()
-				msgs, err := ch.Consume(queues[i], "bench", false, false, false, false, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				for range n {
-					m, ok := <-msgs
-					if !ok {
-						b.Fatal("consumer closed")
-					}
-					if err := m.Ack(false); err != nil {
-						b.Fatal(err)
-					}
-				}
-				elapsed[i] += time.Since(start)
-				if err := ch.Cancel("bench", false); err != nil {
-					b.Fatal(err)
-				}
-				for range msgs { // drained when the cancel is done
-				}
+		reportInterleaved(b, interleave(b, round, func(i, n int) time.Duration {
+			ch := chans[i]
+			b.StopTimer()
+			fill(b, testbroker.URL(b), queues[i], n)
+			b.StartTimer()
+			start := time.Now()
+			msgs, err := ch.Consume(queues[i], "bench", false, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
 			}
-		}
-		reportInterleaved(b, elapsed)
+			ackN(b, msgs, n)
+			took := time.Since(start)
+			if err := ch.Cancel("bench", false); err != nil {
+				b.Fatal(err)
+			}
+			for range msgs { // drained when the cancel is done
+			}
+			return took
+		}))
 	})
+}
+
+// interleave runs b.N messages a side (0 direct, 1 proxied) in rounds of
+// round, the sides taking turns to go first; run(i, n) does n messages on
+// side i and returns how long they took. It returns each side's total.
+func interleave(b *testing.B, round int, run func(i, n int) time.Duration) [2]time.Duration {
+	var elapsed [2]time.Duration
+	for done, r := 0, 0; done < b.N; done, r = done+round, r+1 {
+		n := min(round, b.N-done)
+		for k := range 2 {
+			i := (k + r) % 2 // who goes first alternates
+			elapsed[i] += run(i, n)
+		}
+	}
+	return elapsed
 }
 
 func reportInterleaved(b *testing.B, elapsed [2]time.Duration) {

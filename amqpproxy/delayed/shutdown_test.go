@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/url"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,8 +14,11 @@ import (
 
 	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
+	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testlog"
 	"github.com/delayproxy/delayproxy/internal/teststore"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 	"github.com/delayproxy/delayproxy/store"
 	"github.com/delayproxy/delayproxy/store/boltstore"
 )
@@ -45,7 +45,7 @@ type relay struct {
 func startRelay(t *testing.T) *relay {
 	t.Helper()
 	st := teststore.Open(t, "", boltstore.Options{}) // checked after r.close
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := testlog.New()
 	icpt := delayed.New(delayed.Config{Store: st, Scheduler: nopScheduler{}, Logger: log})
 	srv, err := amqpproxy.New(amqpproxy.Config{Upstream: testbroker.URL(t), Interceptor: icpt, Logger: log})
 	if err != nil {
@@ -103,30 +103,11 @@ func (r *relay) storedIDs(t *testing.T, exchange string) map[string]bool {
 func declareDelayed(t *testing.T, proxyURL string) string {
 	t.Helper()
 	name := fmt.Sprintf("dp-delayed.%s.%d", t.Name(), time.Now().UnixNano())
-	withChannel(t, proxyURL, func(ch *amqp.Channel) error {
+	testbroker.WithChannel(t, proxyURL, func(ch *amqp.Channel) error {
 		return ch.ExchangeDeclare(name, delayed.TypeDelayed, false, false, false, false, amqp.Table{"x-delayed-type": "direct"})
 	})
-	t.Cleanup(func() {
-		withChannel(t, testbroker.URL(t), func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
-	})
+	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
 	return name
-}
-
-// withChannel runs f on a fresh channel of a fresh connection to u.
-func withChannel(t *testing.T, u string, f func(*amqp.Channel) error) {
-	t.Helper()
-	c, err := amqp.Dial(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f(ch); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestShutdownConfirmsEveryStoredPublish: pipelined confirm-mode publishers
@@ -138,69 +119,19 @@ func TestShutdownConfirmsEveryStoredPublish(t *testing.T) {
 	r := startRelay(t)
 	ex := declareDelayed(t, r.url)
 
-	const publishers, window = 4, 64
-	var confirmedCount atomic.Int64
-	type result struct {
-		confirmed []string
-		closeErr  *amqp.Error
-		err       error
-	}
-	results := make([]result, publishers)
-	var wg sync.WaitGroup
-	for n := range publishers {
-		wg.Go(func() {
-			res := &results[n]
-			conn, err := amqp.Dial(r.url)
-			if err != nil {
-				res.err = err
-				return
-			}
-			defer conn.Close()
-			closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-			ch, err := conn.Channel()
-			if err == nil {
-				err = ch.Confirm(false)
-			}
-			if err != nil {
-				res.err = err
-				return
-			}
-			type inflight struct {
-				id string
-				dc *amqp.DeferredConfirmation
-			}
-			var pending []inflight
-			settle := func(w inflight) {
-				if w.dc.Wait() {
-					res.confirmed = append(res.confirmed, w.id)
-					confirmedCount.Add(1)
-				}
-			}
-			for seq := 0; ; seq++ {
-				id := fmt.Sprintf("p%d-%d", n, seq)
-				dc, err := ch.PublishWithDeferredConfirm(ex, "k", false, false, amqp.Publishing{
-					Headers: amqp.Table{"x-delay": int32(3600_000)}, MessageId: id, Body: []byte(id)})
-				if err != nil {
-					break // the connection closed
-				}
-				pending = append(pending, inflight{id, dc})
-				if len(pending) >= window {
-					settle(pending[0])
-					pending = pending[1:]
-				}
-			}
-			for _, w := range pending {
-				settle(w) // false once the connection closed without an ack
-			}
-			select {
-			case res.closeErr = <-closed:
-			case <-time.After(15 * time.Second):
-				res.err = errors.New("the connection did not report its close")
-			}
-		})
-	}
+	const publishers = 4
+	pubs := crashtest.StartPublishers(publishers, func(n int) *crashtest.Publisher {
+		return &crashtest.Publisher{
+			Name:     fmt.Sprintf("dp-delayed shutdown %d", n),
+			URL:      func() string { return r.url },
+			Exchange: ex,
+			Delay:    func(uint64) time.Duration { return time.Hour },
+			Window:   64,
+		}
+	})
+	t.Cleanup(func() { pubs.Stop() })
 	deadline := time.Now().Add(20 * time.Second)
-	for confirmedCount.Load() < 500 && time.Now().Before(deadline) {
+	for pubs.Confirmed() < 500 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -208,20 +139,23 @@ func TestShutdownConfirmsEveryStoredPublish(t *testing.T) {
 	if err := r.srv.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown: %v", err)
 	}
-	wg.Wait()
+	testwait.Until(t, 15*time.Second, "every publisher to see its connection closed", func() bool {
+		return pubs.Every(func(l crashtest.Ledger) bool { return len(l.Ends) > 0 })
+	})
+	ledgers := pubs.Stop()
 	r.icpt.Wait() // every publish the interceptor took is stored or failed
 	stored := r.storedIDs(t, ex)
 	r.close(t)
 
 	confirmed := map[string]bool{}
-	for n, res := range results {
-		if res.err != nil {
-			t.Errorf("publisher %d: %v", n, res.err)
+	for n, l := range ledgers {
+		if l.Hung > 0 {
+			t.Errorf("publisher %d: %d publishes neither answered nor closed", n, l.Hung)
 		}
-		if res.closeErr == nil || res.closeErr.Code != amqp.ConnectionForced {
-			t.Errorf("publisher %d: closed with %v, want 320 CONNECTION_FORCED", n, res.closeErr)
+		if e := l.Ends[0].Err; e == nil || e.Code != amqp.ConnectionForced {
+			t.Errorf("publisher %d: closed with %v, want 320 CONNECTION_FORCED", n, e)
 		}
-		for _, id := range res.confirmed {
+		for _, id := range l.Confirmed {
 			confirmed[id] = true
 		}
 	}

@@ -83,7 +83,7 @@ type delayedMsg struct {
 // returns) and deletes the exchange on the broker when the test ends.
 func (p *cliProxy) declareAndPublish(t *testing.T, msgs ...delayedMsg) string {
 	t.Helper()
-	name := randName(t, "dp-cmd.cli.")
+	name := testbroker.UniqueName(t, "cli")
 	t.Cleanup(func() {
 		conn, err := amqp.Dial(testbroker.URL(t))
 		if err != nil {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayproxy/delayproxy/internal/crashtest"
 )
 
 func TestCLIReads(t *testing.T) {
@@ -294,8 +296,8 @@ func TestCLIErrors(t *testing.T) {
 		code   int
 		stderr string
 	}{
-		{"unreachable", withToken, []string{"exchanges", "--server", "127.0.0.1:" + freePort(t)}, exitUnreachable, "cannot reach delayproxy at http://127.0.0.1:"},
-		{"unreachable, messages", withToken, []string{"messages", "count", ex, "--server", "http://127.0.0.1:" + freePort(t)}, exitUnreachable, "connection refused"},
+		{"unreachable", withToken, []string{"exchanges", "--server", "127.0.0.1:" + crashtest.FreePort(t)}, exitUnreachable, "cannot reach delayproxy at http://127.0.0.1:"},
+		{"unreachable, messages", withToken, []string{"messages", "count", ex, "--server", "http://127.0.0.1:" + crashtest.FreePort(t)}, exitUnreachable, "connection refused"},
 		{"no token", nil, []string{"exchanges"}, exitUnauthorized, "the server wants the admin token: set DELAYPROXY_ADMIN_TOKEN or pass --admin-token-file"},
 		{"no token, cancel", nil, []string{"messages", "cancel", ex, "--all", "--yes"}, exitUnauthorized, "wants the admin token"},
 		{"wrong token", wrong, []string{"upcoming"}, exitUnauthorized, "the server refused the admin token from DELAYPROXY_ADMIN_TOKEN"},

@@ -3,15 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/delayproxy/delayproxy/admin"
+	"github.com/delayproxy/delayproxy/internal/crashtest"
 )
 
 // The test binary doubles as delayproxy: with DELAYPROXY_TEST_MAIN=1 it runs
@@ -34,19 +34,48 @@ func TestMain(m *testing.M) {
 // settings (the caller's own DELAYPROXY_* variables are dropped).
 func command(t *testing.T, env map[string]string, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
+	cmd := exec.Command(os.Args[0], childArgs(args...)...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "DELAYPROXY_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	cmd.Env = append(cmd.Env, "DELAYPROXY_TEST_MAIN=1")
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
+	cmd.Env = append(cmd.Env, childEnv(env)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	return cmd, &stdout, &stderr
+}
+
+// newChild prepares the binary as delayproxy, run by crashtest (which also
+// drops the caller's DELAYPROXY_* variables), with the DELAYPROXY_*
+// settings env; its log goes to a file of the test's.
+func newChild(t *testing.T, env map[string]string) *crashtest.Process {
+	t.Helper()
+	return crashtest.NewProcess(t, filepath.Join(t.TempDir(), "delayproxy.log"), os.Args[0], childArgs(), childEnv(env))
+}
+
+// childArgs are the test binary's arguments that run main with args.
+func childArgs(args ...string) []string {
+	return append([]string{"-test.run=^$", "--"}, args...)
+}
+
+// childEnv are the settings env as KEY=value, with the one that makes the
+// test binary run main.
+func childEnv(env map[string]string) []string {
+	kvs := []string{"DELAYPROXY_TEST_MAIN=1"}
+	for k, v := range env {
+		kvs = append(kvs, k+"="+v)
+	}
+	return kvs
+}
+
+// probe is a readiness probe of a child's HTTP path (admin.Probe, 1 s).
+func probe(httpAddr, path string) func() error {
+	return func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		return admin.Probe(ctx, httpAddr, path)
+	}
 }
 
 func exitCode(err error) int {
@@ -74,7 +103,7 @@ func TestCommands(t *testing.T) {
 		{name: "help", args: []string{"--help"}, stderr: "DELAYPROXY_UPSTREAM", noStdout: true},
 		{name: "bad flag", args: []string{"--max-delay", "soon"}, code: 2, stderr: "--max-delay (DELAYPROXY_MAX_DELAY)"},
 		{name: "public HTTP without token", env: map[string]string{"DELAYPROXY_HTTP_ADDR": "0.0.0.0:15673"}, code: 2, stderr: "--admin-token"},
-		{name: "healthcheck with nothing running", args: []string{"healthcheck", "--http-addr", "127.0.0.1:" + freePort(t)}, code: 1, stderr: "healthcheck"},
+		{name: "healthcheck with nothing running", args: []string{"healthcheck", "--http-addr", crashtest.FreePort(t)}, code: 1, stderr: "healthcheck"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -104,69 +133,25 @@ func TestCommands(t *testing.T) {
 func TestRunHealthcheckAndSIGTERM(t *testing.T) {
 	env := map[string]string{
 		"DELAYPROXY_DATA_DIR":  t.TempDir() + "/data",
-		"DELAYPROXY_HTTP_ADDR": "127.0.0.1:" + freePort(t),
+		"DELAYPROXY_HTTP_ADDR": crashtest.FreePort(t),
 		"DELAYPROXY_LOG_LEVEL": "debug",
 	}
-	cmd, _, stderr := command(t, env)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var waitErr error
-	exited := make(chan struct{}) // closed when the process has exited; then waitErr is set
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-
-	// Poll until the HTTP side answers, with a deadline.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := admin.Probe(ctx, env["DELAYPROXY_HTTP_ADDR"], "/healthz")
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never healthy: %v; stderr: %s", err, stderr)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	p := newChild(t, env)
+	p.StartProbe(15*time.Second, probe(env["DELAYPROXY_HTTP_ADDR"], "/healthz"))
 	hc, _, hcErr := command(t, env, "healthcheck")
 	if err := hc.Run(); err != nil {
 		t.Errorf("healthcheck: %v: %s", err, hcErr)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-exited:
-		if waitErr != nil {
-			t.Errorf("exit after SIGTERM: %v; stderr: %s", waitErr, stderr)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatalf("still running 15s after SIGTERM; stderr: %s", stderr)
+	if err := p.Stop(15 * time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v; log: %s", err, p.Tail(40))
 	}
 	for _, want := range []string{"started", "shutting down"} {
-		if !strings.Contains(stderr.String(), want) {
-			t.Errorf("log lacks %q: %s", want, stderr)
+		if !p.LogContains(want) {
+			t.Errorf("log lacks %q: %s", want, p.Tail(40))
 		}
 	}
 	if _, err := os.Stat(env["DELAYPROXY_DATA_DIR"] + "/delayproxy.db"); err != nil {
 		t.Errorf("store file: %v", err)
 	}
-}
-
-// freePort returns a TCP port that was free a moment ago.
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	return port
 }

@@ -1,10 +1,11 @@
-// Package crashtest is the machinery of delayproxy's reliability tests and
-// load benchmarks: clients that keep publishing through faults and keep an
-// exact ledger of what the proxy confirmed, the tally that checks the ledger
-// against what RabbitMQ delivered, a proxy run as a child process that can be
-// killed and started again on the same data directory, a raw AMQP client for
-// hostile input and idle connections, and process counters (goroutines,
-// file descriptors, memory).
+// Package crashtest is the machinery of delayproxy's reliability, shutdown
+// and load tests and benchmarks: clients that keep publishing through
+// faults and keep an exact ledger of what the proxy confirmed (Publisher,
+// run side by side as Publishers), the tally that checks the ledgers
+// against what RabbitMQ delivered, a proxy run as a child process that can
+// be signalled, killed and started again on the same data directory
+// (Process, on a FreePort), a raw AMQP client for hostile input and idle
+// connections, and process counters (goroutines, file descriptors, memory).
 //
 // The ledger is what the tests prove things with: a message-id is confirmed
 // only when the client saw basic.ack for it. Invariant 1 (confirmed means

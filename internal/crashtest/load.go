@@ -90,9 +90,6 @@ func openEach(n int, open func(i int) error) error {
 	return first
 }
 
-// Len is the number of connections.
-func (cs *Clients) Len() int { return len(cs.conns) }
-
 // Close closes every connection.
 func (cs *Clients) Close() {
 	var wg sync.WaitGroup

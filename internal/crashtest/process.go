@@ -16,11 +16,12 @@ import (
 )
 
 // ReadyPrefix starts the line a child proxy writes on its standard output
-// once it listens; the rest of the line is for the parent.
+// once it listens (the rest of the line says where, for its log reader).
 const ReadyPrefix = "READY "
 
-// Process is a proxy run as a child process: started, killed with SIGKILL
-// and started again with the same command line, environment and log file.
+// Process is a proxy run as a child process: started, signalled or killed
+// with SIGKILL, and started again with the same command line, environment
+// and log file.
 type Process struct {
 	t    testing.TB
 	path string
@@ -28,15 +29,25 @@ type Process struct {
 	env  []string
 	log  string // standard error of every run, appended
 
-	mu     sync.Mutex // guards cmd, exited and ready
-	cmd    *exec.Cmd  // the running child, nil when none runs
-	exited chan error // receives cmd's exit status once
-	ready  string
+	mu  sync.Mutex // guards run
+	run *run       // the running child, nil when none runs
 }
 
-// NewProcess prepares a child process; Start runs it. The child's standard
-// error goes to logPath (appended across restarts). A child still running
-// at the end of the test is killed.
+// run is one run of the child.
+type run struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed once the child exited; err is set then
+	err  error         // cmd.Wait's result
+}
+
+// ErrStillRunning is wrapped by the error Wait and Stop return when the
+// child did not exit in time.
+var ErrStillRunning = errors.New("crashtest: child still running")
+
+// NewProcess prepares a child process; Start or StartProbe runs it. The
+// child's environment is the test's without its DELAYPROXY_* variables,
+// plus env. Its standard error goes to logPath (appended across restarts).
+// A child still running at the end of the test is killed.
 func NewProcess(t testing.TB, logPath, path string, args, env []string) *Process {
 	p := &Process{t: t, path: path, args: args, env: env, log: logPath}
 	t.Cleanup(func() {
@@ -47,10 +58,28 @@ func NewProcess(t testing.TB, logPath, path string, args, env []string) *Process
 	return p
 }
 
-// Start runs the child and waits until it writes its ready line, which it
-// returns without the prefix. It fails the test if the child exits first or
-// is not ready within timeout.
-func (p *Process) Start(timeout time.Duration) string {
+// Start runs the child and waits until it writes its ready line. It fails
+// the test if the child exits first or is not ready within timeout.
+func (p *Process) Start(timeout time.Duration) {
+	p.t.Helper()
+	p.start(timeout, nil)
+}
+
+// StartProbe runs a child that writes no ready line (the delayproxy
+// command itself) and waits until probe returns nil, for example an HTTP
+// probe of its /readyz. It fails the test if the child exits first or is
+// not ready within timeout.
+func (p *Process) StartProbe(timeout time.Duration, probe func() error) {
+	p.t.Helper()
+	p.start(timeout, probe)
+}
+
+// probeEvery is how often start asks probe whether the child is ready.
+const probeEvery = 20 * time.Millisecond
+
+// start runs the child and waits until it is ready: until it writes its
+// ready line, or until probe returns nil when probe is not nil.
+func (p *Process) start(timeout time.Duration, probe func() error) {
 	p.t.Helper()
 	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -58,96 +87,140 @@ func (p *Process) Start(timeout time.Duration) string {
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "--- crashtest: start %s\n", time.Now().Format(time.RFC3339Nano))
-	ready := make(chan string, 1)
+	ready := make(chan struct{}, 1)
 	cmd := exec.Command(p.path, p.args...)
-	cmd.Env = append(os.Environ(), p.env...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DELAYPROXY_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, p.env...)
 	cmd.Stdout = &lineWatcher{ready: ready}
 	cmd.Stderr = logf
 	if err := cmd.Start(); err != nil {
 		p.t.Fatalf("crashtest: start %s: %v", p.path, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	select {
-	case line := <-ready:
-		p.mu.Lock()
-		p.cmd, p.exited, p.ready = cmd, exited, line
-		p.mu.Unlock()
-		return line
-	case err := <-exited:
-		p.t.Fatalf("crashtest: child exited before it was ready (%v); log %s:\n%s", err, p.log, p.Tail(40))
-	case <-timer.C:
-		cmd.Process.Kill()
-		<-exited
-		p.t.Fatalf("crashtest: child not ready after %v; log %s:\n%s", timeout, p.log, p.Tail(40))
+	r := &run{cmd: cmd, done: make(chan struct{})}
+	go func() { r.err = cmd.Wait(); close(r.done) }()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(probeEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ready:
+			if probe == nil {
+				p.running(r)
+				return
+			}
+		case <-tick.C:
+			if probe != nil && probe() == nil {
+				p.running(r)
+				return
+			}
+		case <-r.done:
+			p.t.Fatalf("crashtest: child exited before it was ready (%v); log %s:\n%s", r.err, p.log, p.Tail(40))
+		case <-deadline.C:
+			cmd.Process.Kill()
+			<-r.done
+			p.t.Fatalf("crashtest: child not ready after %v; log %s:\n%s", timeout, p.log, p.Tail(40))
+		}
 	}
-	return ""
 }
 
-// take hands the running child over to the caller, who waits for it.
-func (p *Process) take(op string) (*exec.Cmd, chan error) {
+// running records r as the running child.
+func (p *Process) running(r *run) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.run = r
+}
+
+// current is the running child; it fails the test when none runs. With
+// take it is handed over to the caller, who waits for it: the Process has
+// no child running any more.
+func (p *Process) current(op string, take bool) *run {
 	p.t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cmd, exited := p.cmd, p.exited
-	if cmd == nil {
+	r := p.run
+	if r == nil {
 		p.t.Fatalf("crashtest: %s: no child running", op)
 	}
-	p.cmd, p.exited = nil, nil
-	return cmd, exited
-}
-
-// Ready is the ready line of the current run.
-func (p *Process) Ready() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.ready
+	if take {
+		p.run = nil
+	}
+	return r
 }
 
 // Pid is the running child's process id, 0 when none runs.
 func (p *Process) Pid() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmd == nil {
+	if p.run == nil {
 		return 0
 	}
-	return p.cmd.Process.Pid
+	return p.run.cmd.Process.Pid
 }
 
 // Kill sends SIGKILL to the running child and waits for it to exit; it
 // fails the test if the child had exited on its own.
 func (p *Process) Kill() {
 	p.t.Helper()
-	cmd, exited := p.take("Kill")
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	r := p.current("Kill", true)
+	if err := r.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		p.t.Errorf("crashtest: SIGKILL: %v", err)
 	}
-	err := <-exited
+	<-r.done
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		p.t.Errorf("crashtest: child ended with %v before the SIGKILL; log %s:\n%s", err, p.log, p.Tail(40))
+	if !errors.As(r.err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		p.t.Errorf("crashtest: child ended with %v before the SIGKILL; log %s:\n%s", r.err, p.log, p.Tail(40))
+	}
+}
+
+// Signal sends sig to the running child, which still counts as running
+// until Wait (or Stop, or Kill) saw it exit.
+func (p *Process) Signal(sig os.Signal) {
+	p.t.Helper()
+	if err := p.current("Signal", false).cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("crashtest: signal %v: %v", sig, err)
+	}
+}
+
+// Exited reports whether the running child has exited already, and its
+// exit status (nil: exit 0) if so, without waiting.
+func (p *Process) Exited() (bool, error) {
+	p.t.Helper()
+	r := p.current("Exited", false)
+	select {
+	case <-r.done:
+		return true, r.err
+	default:
+		return false, nil
+	}
+}
+
+// Wait waits up to timeout for the running child to exit and returns its
+// exit status (nil: exit 0); after timeout it kills the child and returns
+// an error wrapping ErrStillRunning.
+func (p *Process) Wait(timeout time.Duration) error {
+	p.t.Helper()
+	r := p.current("Wait", true)
+	select {
+	case <-r.done:
+		return r.err
+	case <-time.After(timeout):
+		r.cmd.Process.Kill()
+		<-r.done
+		return fmt.Errorf("%w %v after it was told to stop; killed", ErrStillRunning, timeout)
 	}
 }
 
 // Stop sends SIGTERM to the running child and returns its exit status
-// (nil: exit 0) once it exits, or an error after timeout (it is then
-// killed).
+// (nil: exit 0) once it exits, as Wait.
 func (p *Process) Stop(timeout time.Duration) error {
 	p.t.Helper()
-	cmd, exited := p.take("Stop")
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return err
-	}
-	select {
-	case err := <-exited:
-		return err
-	case <-time.After(timeout):
-		cmd.Process.Kill()
-		<-exited
-		return fmt.Errorf("crashtest: child still running %v after SIGTERM; killed", timeout)
-	}
+	p.Signal(syscall.SIGTERM)
+	return p.Wait(timeout)
 }
 
 // Tail is the last n lines of the child's log.
@@ -167,10 +240,10 @@ func (p *Process) LogContains(s string) bool {
 	return err == nil && bytes.Contains(b, []byte(s))
 }
 
-// lineWatcher is a child's standard output: it hands the first ready line
-// to ready and discards the rest.
+// lineWatcher is a child's standard output: it signals ready once it saw
+// the ready line and discards everything.
 type lineWatcher struct {
-	ready chan string
+	ready chan<- struct{} // capacity 1
 	buf   []byte
 	seen  bool
 }
@@ -185,11 +258,11 @@ func (w *lineWatcher) Write(b []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		line := string(w.buf[:i])
+		line := w.buf[:i]
 		w.buf = w.buf[i+1:]
-		if rest, ok := strings.CutPrefix(line, ReadyPrefix); ok {
+		if bytes.HasPrefix(line, []byte(ReadyPrefix)) {
 			w.seen, w.buf = true, nil
-			w.ready <- rest
+			w.ready <- struct{}{}
 			break
 		}
 	}

@@ -1,11 +1,42 @@
 package testbroker
 
 import (
+	"fmt"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 )
+
+// Ctl runs rabbitmqctl -q with args on the test broker's node and returns
+// its output; it fails the test if the command fails.
+func Ctl(t testing.TB, args ...string) string {
+	t.Helper()
+	return ctl(t, "", args...)
+}
+
+// AddUser creates a RabbitMQ user without permissions (grant them with
+// Ctl and set_permissions) and deletes it in t.Cleanup. Its password
+// appears in no failure message.
+func AddUser(t testing.TB, user, password string) {
+	t.Helper()
+	ctl(t, password, "add_user", user, password)
+	t.Cleanup(func() { Ctl(t, "delete_user", user) })
+}
+
+// ctl is Ctl with secret (when not "") hidden in failure messages.
+func ctl(t testing.TB, secret string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
+	if err != nil {
+		msg := fmt.Sprintf("testbroker: rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		if secret != "" {
+			msg = strings.ReplaceAll(msg, secret, "<secret>")
+		}
+		t.Fatal(msg)
+	}
+	return string(out)
+}
 
 // CloseConnections closes, from the broker's side (320 CONNECTION_FORCED
 // "closed by test"), every connection whose connection_name starts with
@@ -31,11 +62,8 @@ Ps = [P || P <- rabbit_networking:connections(),
            binary:longest_common_prefix([Name(P), Prefix]) =:= byte_size(Prefix)],
 [rabbit_networking:close_connection(P, "closed by test") || P <- Ps],
 length(Ps).`
-	out, err := exec.Command("rabbitmqctl", "-q", "eval", expr).CombinedOutput()
-	if err != nil {
-		t.Fatalf("testbroker: rabbitmqctl eval (close connections %q): %v\n%s", prefix, err, out)
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	out := Ctl(t, "eval", expr)
+	n, err := strconv.Atoi(strings.TrimSpace(out))
 	if err != nil {
 		t.Fatalf("testbroker: rabbitmqctl eval (close connections %q): %q", prefix, out)
 	}

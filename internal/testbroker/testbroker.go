@@ -1,12 +1,19 @@
-// Package testbroker gives tests the address of the real RabbitMQ they run
-// against. A test that needs the broker fails when it is unreachable: it never
-// skips, so CI cannot pass without having talked to RabbitMQ.
+// Package testbroker gives tests the real RabbitMQ they run against: its
+// address (URL), client connections and channels (Dial, Channel, to it or
+// to a proxy in front of it), one-off channels for setup and cleanup
+// (WithChannel, DeleteQueue, DeleteExchange), and its rabbitmqctl (Ctl,
+// AddUser, CloseConnections). A test that needs the broker fails when it is
+// unreachable: it never skips, so CI cannot pass without having talked to
+// RabbitMQ.
 package testbroker
 
 import (
+	"crypto/rand"
+	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -40,4 +47,15 @@ func URL(t testing.TB) string {
 	}
 	c.Close()
 	return u
+}
+
+// UniqueName is an exchange or queue name no other test, run or machine
+// shares: "dp-test.<test name>.<kind>.<random>".
+func UniqueName(t testing.TB, kind string) string {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	n := strings.NewReplacer("/", ".", " ", "_", "#", "_", "*", "_").Replace(t.Name())
+	return fmt.Sprintf("dp-test.%s.%s.%x", n, kind, b)
 }

@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"context"
@@ -6,12 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -21,7 +18,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testlog"
+	"github.com/delayproxy/delayproxy/internal/testproxy"
 	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store/boltstore"
 )
@@ -33,43 +33,47 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // testProxy is a whole delayproxy (listener, store, scheduler, releaser,
 // admin) in front of the test broker, on a data dir kept across restart.
 type testProxy struct {
-	t     testing.TB
-	cfg   Config
-	clock scheduler.Clock // Proxy.clock; nil is the system clock
+	t    testing.TB
+	cfg  delayproxy.Config
+	log  *slog.Logger        // the proxy's logger
+	opts []delayproxy.Option // delayproxy.New's options
 
-	mu      sync.Mutex // guards the fields below, which restart replaces
-	cancel  context.CancelFunc
-	done    chan error // Run's result
-	amqpURL string     // amqp://user:pass@127.0.0.1:port/ with the broker's credentials
-	httpURL string     // http://127.0.0.1:port
+	mu      sync.Mutex         // guards the fields below, which restart replaces
+	run     *testproxy.Running // nil when stopped
+	amqpURL string             // amqp://user:pass@127.0.0.1:port/ with the broker's credentials
+	httpURL string             // http://127.0.0.1:port
 }
 
 // startProxy runs a Proxy in front of testbroker.URL on a t.TempDir() data
 // dir with both listeners on loopback ports; opt may change the Config. The
 // proxy is stopped in t.Cleanup (Run must return nil) and its store is then
 // checked for integrity.
-func startProxy(t testing.TB, opt func(*Config)) *testProxy {
+func startProxy(t testing.TB, opt func(*delayproxy.Config)) *testProxy {
 	t.Helper()
-	return startProxyClock(t, opt, nil)
+	return startProxyWith(t, opt, testlog.New())
 }
 
-// startProxyClock is startProxy with the proxy's clock.
-func startProxyClock(t testing.TB, opt func(*Config), clock scheduler.Clock) *testProxy {
+// startConfirmed is startProxy(t, nil) and a confirm-mode channel of a
+// client connection through it.
+func startConfirmed(t testing.TB) (*testProxy, *amqp.Channel) {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.ListenAddr = "127.0.0.1:0"
-	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.UpstreamURL = testbroker.URL(t)
-	cfg.DataDir = t.TempDir()
-	cfg.ShutdownGrace = 10 * time.Second
+	tp := startProxy(t, nil)
+	return tp, confirmChannel(t, tp.dial(t))
+}
+
+// startProxyWith is startProxy with the proxy's logger and delayproxy.New's
+// options.
+func startProxyWith(t testing.TB, opt func(*delayproxy.Config), logger *slog.Logger, opts ...delayproxy.Option) *testProxy {
+	t.Helper()
+	cfg := testproxy.Config(t)
 	if opt != nil {
 		opt(&cfg)
 	}
-	tp := &testProxy{t: t, cfg: cfg, clock: clock}
+	tp := &testProxy{t: t, cfg: cfg, log: logger, opts: opts}
 	tp.start()
 	t.Cleanup(func() {
 		tp.mu.Lock()
-		running := tp.cancel != nil
+		running := tp.run != nil
 		tp.mu.Unlock()
 		if running {
 			tp.stop()
@@ -153,46 +157,12 @@ func checkStore(t testing.TB, path string) {
 	}
 }
 
-// testLogger discards logs unless DELAYPROXY_TEST_LOG is set.
-func testLogger() *slog.Logger {
-	if os.Getenv("DELAYPROXY_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
 func (tp *testProxy) start() {
-	t := tp.t
-	t.Helper()
-	p, err := New(tp.cfg, testLogger())
-	if err != nil {
-		t.Fatalf("delayproxy.New: %v", err)
-	}
-	p.clock = tp.clock
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	select {
-	case <-p.Ready():
-	case err := <-done:
-		cancel()
-		t.Fatalf("Run returned before it was ready: %v", err)
-	case <-time.After(30 * time.Second):
-		cancel()
-		t.Fatalf("proxy not ready after 30s")
-	}
-	amqpAddr, httpAddr := p.Addrs()
-	u, err := url.Parse(tp.cfg.UpstreamURL)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	u.Scheme, u.Host = "amqp", amqpAddr.String()
+	tp.t.Helper()
+	run := testproxy.Start(tp.t, tp.cfg, tp.log, tp.opts...)
 	tp.mu.Lock()
-	tp.cancel, tp.done = cancel, done
-	tp.amqpURL = u.String()
-	tp.httpURL = "http://" + httpAddr.String()
-	tp.mu.Unlock()
+	defer tp.mu.Unlock()
+	tp.run, tp.amqpURL, tp.httpURL = run, run.URL(), run.HTTP()
 }
 
 // stop shuts the proxy down gracefully and checks that Run returned nil.
@@ -200,20 +170,14 @@ func (tp *testProxy) stop() {
 	t := tp.t
 	t.Helper()
 	tp.mu.Lock()
-	cancel, done := tp.cancel, tp.done
-	tp.cancel = nil
+	run := tp.run
+	tp.run = nil
 	tp.mu.Unlock()
-	if cancel == nil {
+	if run == nil {
 		t.Fatal("stop: proxy not running")
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run returned %v, want nil after a graceful stop", err)
-		}
-	case <-time.After(tp.cfg.ShutdownGrace + 20*time.Second):
-		t.Fatalf("Run did not return within the shutdown grace")
+	if err := run.Stop(t, tp.cfg.ShutdownGrace+20*time.Second); err != nil {
+		t.Errorf("Run returned %v, want nil after a graceful stop", err)
 	}
 }
 
@@ -227,70 +191,53 @@ func (tp *testProxy) restart() {
 
 // URL is the proxy's AMQP URL, with the broker's credentials and vhost.
 func (tp *testProxy) URL() string {
-	tp.mu.Lock()
-	defer tp.mu.Unlock()
-	return tp.amqpURL
+	u, _ := tp.urls()
+	return u
 }
 
 // HTTP is the base URL of the proxy's admin and metrics server.
 func (tp *testProxy) HTTP() string {
+	_, u := tp.urls()
+	return u
+}
+
+// urls are the AMQP and HTTP URLs of the current run.
+func (tp *testProxy) urls() (amqpURL, httpURL string) {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
-	return tp.httpURL
+	return tp.amqpURL, tp.httpURL
 }
 
 // dial connects a client through the proxy; closed in t.Cleanup.
 func (tp *testProxy) dial(t testing.TB) *amqp.Connection {
 	t.Helper()
-	return dialURL(t, tp.URL())
+	return testbroker.Dial(t, tp.URL())
 }
 
 // dialBroker connects a client straight to RabbitMQ; closed in t.Cleanup.
 func dialBroker(t testing.TB) *amqp.Connection {
 	t.Helper()
-	return dialURL(t, testbroker.URL(t))
-}
-
-func dialURL(t testing.TB, u string) *amqp.Connection {
-	t.Helper()
-	c, err := amqp.DialConfig(u, amqp.Config{
-		Properties: amqp.Table{"connection_name": "dp-e2e " + t.Name()},
-	})
-	if err != nil {
-		t.Fatalf("dial %s: %v", redactURL(u), err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func channel(t testing.TB, c *amqp.Connection) *amqp.Channel {
-	t.Helper()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Fatalf("open channel: %v", err)
-	}
-	return ch
+	return testbroker.Dial(t, testbroker.URL(t))
 }
 
 // confirmChannel opens a channel in confirm mode.
 func confirmChannel(t testing.TB, c *amqp.Connection) *amqp.Channel {
 	t.Helper()
-	ch := channel(t, c)
+	ch := testbroker.Channel(t, c)
 	if err := ch.Confirm(false); err != nil {
 		t.Fatalf("confirm.select: %v", err)
 	}
 	return ch
 }
 
-// uniqueName is an exchange or queue name no other test, run or machine
-// shares: "dp-e2e.<test name>.<kind>.<random>".
-func uniqueName(t testing.TB, kind string) string {
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
+// randHex is n random bytes in hex.
+func randHex(t testing.TB, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
 	}
-	n := strings.NewReplacer("/", ".", " ", "_", "#", "_").Replace(t.Name())
-	return fmt.Sprintf("dp-e2e.%s.%s.%s", n, kind, hex.EncodeToString(b[:]))
+	return hex.EncodeToString(b)
 }
 
 // declareDelayed declares, through ch (a proxy channel), a durable
@@ -298,7 +245,7 @@ func uniqueName(t testing.TB, kind string) string {
 // deletes it on the broker in t.Cleanup.
 func declareDelayed(t testing.TB, ch *amqp.Channel, typ string, extra amqp.Table) string {
 	t.Helper()
-	name := uniqueName(t, "x")
+	name := testbroker.UniqueName(t, "x")
 	args := amqp.Table{"x-delayed-type": typ}
 	for k, v := range extra {
 		args[k] = v
@@ -306,9 +253,7 @@ func declareDelayed(t testing.TB, ch *amqp.Channel, typ string, extra amqp.Table
 	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, args); err != nil {
 		t.Fatalf("declare delayed exchange %s (%s): %v", name, typ, err)
 	}
-	t.Cleanup(func() {
-		brokerCleanup(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
-	})
+	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
 	return name
 }
 
@@ -316,15 +261,13 @@ func declareDelayed(t testing.TB, ch *amqp.Channel, typ string, extra amqp.Table
 // survives broker faults) and deletes it in t.Cleanup.
 func declareQueue(t testing.TB, args amqp.Table) string {
 	t.Helper()
-	name := uniqueName(t, "q")
-	ch := channel(t, dialBroker(t))
+	name := testbroker.UniqueName(t, "q")
+	ch := testbroker.Channel(t, dialBroker(t))
 	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
 		t.Fatalf("declare queue: %v", err)
 	}
 	ch.Close()
-	t.Cleanup(func() {
-		brokerCleanup(t, func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err })
-	})
+	t.Cleanup(func() { testbroker.DeleteQueue(t, name) })
 	return name
 }
 
@@ -332,43 +275,23 @@ func declareQueue(t testing.TB, args amqp.Table) string {
 // deletes it in t.Cleanup.
 func declarePlainExchange(t testing.TB, typ string) string {
 	t.Helper()
-	name := uniqueName(t, "px")
-	ch := channel(t, dialBroker(t))
+	name := testbroker.UniqueName(t, "px")
+	ch := testbroker.Channel(t, dialBroker(t))
 	if err := ch.ExchangeDeclare(name, typ, true, false, false, false, nil); err != nil {
 		t.Fatalf("declare exchange: %v", err)
 	}
 	ch.Close()
-	t.Cleanup(func() {
-		brokerCleanup(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
-	})
+	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
 	return name
 }
 
 // bind binds queue to exchange on the broker.
 func bind(t testing.TB, queue, key, exchange string, args amqp.Table) {
 	t.Helper()
-	ch := channel(t, dialBroker(t))
+	ch := testbroker.Channel(t, dialBroker(t))
 	defer ch.Close()
 	if err := ch.QueueBind(queue, key, exchange, false, args); err != nil {
 		t.Fatalf("bind %s to %s (%q): %v", queue, exchange, key, err)
-	}
-}
-
-// brokerCleanup runs f on a fresh broker channel, reporting errors.
-func brokerCleanup(t testing.TB, f func(*amqp.Channel) error) {
-	c, err := amqp.Dial(testbroker.URL(t))
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	defer c.Close()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Errorf("cleanup: %v", err)
-		return
-	}
-	if err := f(ch); err != nil {
-		t.Errorf("cleanup: %v", err)
 	}
 }
 
@@ -425,21 +348,30 @@ type consumer struct {
 // bound to it, consumed straight from RabbitMQ.
 func delayedFanout(t testing.TB, ch *amqp.Channel) (ex, q string, cons *consumer) {
 	t.Helper()
-	ex = declareDelayed(t, ch, "fanout", nil)
-	q = declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q = delayedQueue(t, ch, "fanout", "")
 	return ex, q, consume(t, dialBroker(t), q)
+}
+
+// delayedQueue declares, through ch (a proxy channel), a delayed exchange
+// of type typ, and on the broker a durable queue bound to it with key;
+// both are deleted in t.Cleanup.
+func delayedQueue(t testing.TB, ch *amqp.Channel, typ, key string) (ex, q string) {
+	t.Helper()
+	ex = declareDelayed(t, ch, typ, nil)
+	q = declareQueue(t, nil)
+	bind(t, q, key, ex, nil)
+	return ex, q
 }
 
 // consume starts an auto-ack consumer on queue over conn (through the proxy
 // or straight to the broker); it stops with the connection.
 func consume(t testing.TB, conn *amqp.Connection, queue string) *consumer {
 	t.Helper()
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	if err := ch.Qos(0, 0, false); err != nil {
 		t.Fatalf("qos: %v", err)
 	}
-	tag := uniqueName(t, "ctag")
+	tag := testbroker.UniqueName(t, "ctag")
 	deliveries, err := ch.Consume(queue, tag, true, false, false, false, nil)
 	if err != nil {
 		t.Fatalf("consume %s: %v", queue, err)
@@ -509,32 +441,14 @@ func (c *consumer) wait(t testing.TB, n int, d time.Duration) []arrival {
 	}
 }
 
-// eventually fails the test unless f reports true before d has passed.
-func eventually(t testing.TB, d time.Duration, what string, f func() bool) {
+// waitByID is wait by message-id (the last arrival of each).
+func (c *consumer) waitByID(t testing.TB, n int, d time.Duration) map[string]arrival {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	got := map[string]arrival{}
+	for _, a := range c.wait(t, n, d) {
+		got[a.MessageId] = a
 	}
-}
-
-// closeError waits for the channel (or its connection) to close and returns
-// the error RabbitMQ or the proxy closed it with.
-func closeError(t testing.TB, closed <-chan *amqp.Error) *amqp.Error {
-	t.Helper()
-	select {
-	case e, ok := <-closed:
-		if !ok || e == nil {
-			t.Fatal("channel closed without an error")
-		}
-		return e
-	case <-time.After(15 * time.Second):
-		t.Fatal("channel still open after 15s")
-	}
-	return nil
+	return got
 }
 
 // httpDo sends a request to the proxy's HTTP server and returns the status
@@ -546,24 +460,45 @@ func (tp *testProxy) httpDo(t testing.TB, method, path string) (int, []byte) {
 
 // exchangePath is the admin API path of a delayed exchange in vhost "/".
 func exchangePath(exchange string) string {
-	return "/api/exchanges/%2F/" + url.PathEscape(exchange)
+	return exchangePathIn("/", exchange)
+}
+
+// exchangePathIn is the admin API path of a delayed exchange in vhost.
+func exchangePathIn(vhost, exchange string) string {
+	return "/api/exchanges/" + url.PathEscape(vhost) + "/" + url.PathEscape(exchange)
+}
+
+// getJSON GETs an admin path that must answer 200 and decodes it into v.
+func getJSON(t testing.TB, tp *testProxy, path string, v any) {
+	t.Helper()
+	code, body := tp.httpDo(t, http.MethodGet, path)
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, code, body)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatalf("GET %s: %v: %s", path, err, body)
+	}
+}
+
+// exchangeState is the admin API's view of one delayed exchange.
+type exchangeState struct {
+	Pending   int64 `json:"pending"`
+	NextDueMs int64 `json:"next_due_ms"`
+}
+
+// exchangeIn is the admin API's view of a delayed exchange in vhost.
+func (tp *testProxy) exchangeIn(t testing.TB, vhost, exchange string) exchangeState {
+	t.Helper()
+	var e exchangeState
+	getJSON(t, tp, exchangePathIn(vhost, exchange), &e)
+	return e
 }
 
 // pending is the admin API's count of pending messages of a delayed
 // exchange in vhost "/".
 func (tp *testProxy) pending(t testing.TB, exchange string) int64 {
 	t.Helper()
-	code, body := tp.httpDo(t, http.MethodGet, exchangePath(exchange))
-	if code != http.StatusOK {
-		t.Fatalf("GET exchange %s: %d %s", exchange, code, body)
-	}
-	var e struct {
-		Pending int64 `json:"pending"`
-	}
-	if err := json.Unmarshal(body, &e); err != nil {
-		t.Fatalf("GET exchange %s: %v: %s", exchange, err, body)
-	}
-	return e.Pending
+	return tp.exchangeIn(t, "/", exchange).Pending
 }
 
 // pendingMessage is one message of the admin API's list.
@@ -586,17 +521,11 @@ func (tp *testProxy) listPending(t testing.TB, exchange string) []pendingMessage
 		if after != "" {
 			path += "&after=" + after
 		}
-		code, body := tp.httpDo(t, http.MethodGet, path)
-		if code != http.StatusOK {
-			t.Fatalf("GET %s: %d %s", path, code, body)
-		}
 		var page struct {
 			Messages  []pendingMessage `json:"messages"`
 			NextAfter string           `json:"next_after"`
 		}
-		if err := json.Unmarshal(body, &page); err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
+		getJSON(t, tp, path, &page)
 		all = append(all, page.Messages...)
 		if page.NextAfter == "" {
 			return all
@@ -623,7 +552,7 @@ func (tp *testProxy) metric(t testing.TB, series string) float64 {
 // it is empty.
 func drain(t testing.TB, queue string) []amqp.Delivery {
 	t.Helper()
-	ch := channel(t, dialBroker(t))
+	ch := testbroker.Channel(t, dialBroker(t))
 	defer ch.Close()
 	var out []amqp.Delivery
 	for {
@@ -641,7 +570,7 @@ func drain(t testing.TB, queue string) []amqp.Delivery {
 // queueDepth is the number of ready messages in queue.
 func queueDepth(t testing.TB, queue string) int {
 	t.Helper()
-	ch := channel(t, dialBroker(t))
+	ch := testbroker.Channel(t, dialBroker(t))
 	defer ch.Close()
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {

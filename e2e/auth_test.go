@@ -1,8 +1,7 @@
-package delayproxy
+package e2e
 
 import (
 	"net/url"
-	"os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -10,16 +9,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
-
-// authCtl runs one rabbitmqctl command and fails the test if it fails.
-func authCtl(t testing.TB, args ...string) {
-	t.Helper()
-	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
-	}
-}
 
 // withUser is u with another user's credentials.
 func withUser(t testing.TB, u, user, pass string) string {
@@ -36,10 +27,10 @@ func withUser(t testing.TB, u, user, pass string) string {
 // and returns the reason of the channel error it is refused with.
 func refusedReason(t testing.TB, conn *amqp.Connection, exchange, key string) string {
 	t.Helper()
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	publish(t, ch, exchange, key, delayedMsg(100, "refused"))
-	e := closeError(t, closed)
+	e := testbroker.AwaitClose(t, closed, 15*time.Second)
 	if e.Code != amqp.AccessRefused {
 		t.Fatalf("publish to %s (%q) closed the channel with %v, want 403", exchange, key, e)
 	}
@@ -60,14 +51,12 @@ func TestAuth_DelayedPublishNeedsTheUsersPermissions(t *testing.T) {
 	tp := startProxy(t, nil)
 	suffix := randHex(t, 4)
 	okEx, noEx, topicEx := "dp-authok."+suffix, "dp-authno."+suffix, "dp-authok.topic."+suffix
-	guest := channel(t, tp.dial(t))
+	guest := testbroker.Channel(t, tp.dial(t))
 	for _, x := range []struct{ name, typ string }{{okEx, "direct"}, {noEx, "direct"}, {topicEx, "topic"}} {
 		if err := guest.ExchangeDeclare(x.name, "x-delayed-message", false, false, false, false, amqp.Table{"x-delayed-type": x.typ}); err != nil {
 			t.Fatalf("declare %s: %v", x.name, err)
 		}
-		t.Cleanup(func() {
-			brokerCleanup(t, func(ch *amqp.Channel) error { return ch.ExchangeDelete(x.name, false, false) })
-		})
+		t.Cleanup(func() { testbroker.DeleteExchange(t, x.name) })
 	}
 	q := declareQueue(t, nil)
 	bind(t, q, "k", okEx, nil)
@@ -75,13 +64,12 @@ func TestAuth_DelayedPublishNeedsTheUsersPermissions(t *testing.T) {
 	bind(t, q, "#", topicEx, nil)
 
 	user, pass := "dp-auth-"+suffix, randHex(t, 8)
-	authCtl(t, "add_user", user, pass)
-	t.Cleanup(func() { authCtl(t, "delete_user", user) })
-	authCtl(t, "set_permissions", "-p", "/", user, "", `^dp-authok\.`, "")
-	authCtl(t, "set_topic_permissions", "-p", "/", user, topicEx, `^allowed\.`, ".*")
+	testbroker.AddUser(t, user, pass)
+	testbroker.Ctl(t, "set_permissions", "-p", "/", user, "", `^dp-authok\.`, "")
+	testbroker.Ctl(t, "set_topic_permissions", "-p", "/", user, topicEx, `^allowed\.`, ".*")
 
-	conn := dialURL(t, withUser(t, tp.URL(), user, pass))
-	direct := dialURL(t, withUser(t, testbroker.URL(t), user, pass))
+	conn := testbroker.Dial(t, withUser(t, tp.URL(), user, pass))
+	direct := testbroker.Dial(t, withUser(t, testbroker.URL(t), user, pass))
 
 	// Allowed, then refused on the same connection.
 	publishConfirmed(t, confirmChannel(t, conn), okEx, "k", false, delayedMsg(200, "ok-direct"))
@@ -117,7 +105,7 @@ func TestAuth_DelayedPublishNeedsTheUsersPermissions(t *testing.T) {
 	}
 	// The allowed ones are released; the refused ones never were stored,
 	// so only the allowed three can arrive.
-	eventually(t, 15*time.Second, "the allowed messages released", func() bool {
+	testwait.Until(t, 15*time.Second, "the allowed messages released", func() bool {
 		return tp.pending(t, okEx) == 0 && tp.pending(t, topicEx) == 0 && queueDepth(t, q) >= 3
 	})
 	var ids []string

@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"context"
@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // childEnv marks the test binary re-executed as a proxy process.
@@ -28,11 +30,11 @@ func TestReliabilityChildProxy(t *testing.T) {
 	if os.Getenv(childEnv) == "" {
 		return // only as a child process
 	}
-	cfg, err := LoadConfig(nil, os.Getenv, os.Stderr)
+	cfg, err := delayproxy.LoadConfig(nil, os.Getenv, os.Stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := New(cfg, cfg.NewLogger(os.Stderr))
+	p, err := delayproxy.New(cfg, cfg.NewLogger(os.Stderr))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,14 +97,12 @@ func TestReliabilityCrash_SIGKILLRounds(t *testing.T) {
 	// A view of the child for the e2e helpers that need only its URLs.
 	tp := &testProxy{t: t, amqpURL: withHost(t, upstream, amqpAddr, ""), httpURL: "http://" + httpAddr}
 
-	ch := channel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ch := testbroker.Channel(t, tp.dial(t))
+	ex, q := delayedQueue(t, ch, "fanout", "")
 	got := consume(t, dialBroker(t), q)
 
-	tag := randomTag(t)
-	pubs, stop := runPublishers(clients, func(i int) *crashtest.Publisher {
+	tag := randHex(t, 4)
+	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {
 		return &crashtest.Publisher{
 			Name:     fmt.Sprintf("dp-rel crash %s %d", tag, i),
 			URL:      tp.URL,
@@ -115,25 +115,25 @@ func TestReliabilityCrash_SIGKILLRounds(t *testing.T) {
 		}
 	})
 	for r := range rounds {
-		base := confirmedSoFar(pubs)
-		eventually(t, 30*time.Second, "clients to publish again after the restart", func() bool {
-			return confirmedSoFar(pubs) >= base+50
+		base := pubs.Confirmed()
+		testwait.Until(t, 30*time.Second, "clients to publish again after the restart", func() bool {
+			return pubs.Confirmed() >= base+50
 		})
 		// A random moment: the point of the test.
 		time.Sleep(time.Duration(rng.Int64N(int64(1500 * time.Millisecond))))
-		atKill := confirmedSoFar(pubs)
+		atKill := pubs.Confirmed()
 		proc.Kill()
 		killed := time.Now()
 		proc.Start(time.Minute)
 		t.Logf("round %d: SIGKILL with %d confirmed so far; restarted and ready in %v", r+1, atKill, time.Since(killed))
 	}
-	base := confirmedSoFar(pubs)
-	eventually(t, 30*time.Second, "clients to publish after the last restart", func() bool {
-		return confirmedSoFar(pubs) >= base+50
+	base := pubs.Confirmed()
+	testwait.Until(t, 30*time.Second, "clients to publish after the last restart", func() bool {
+		return pubs.Confirmed() >= base+50
 	})
-	ls := stop()
+	ls := pubs.Stop()
 	awaitDelivered(t, got, pubs, 7*time.Second+30*time.Second)
-	eventually(t, 30*time.Second, "nothing pending", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 30*time.Second, "nothing pending", func() bool { return tp.pending(t, ex) == 0 })
 	tally := crashtest.Count(ls, messageIDs(got.stop(t)))
 	sessions := 0
 	for _, l := range ls {
@@ -156,5 +156,5 @@ func TestReliabilityCrash_SIGKILLRounds(t *testing.T) {
 	if proc.LogContains("DATA RACE") {
 		t.Error("the race detector reported a race in the proxy process (see its log)")
 	}
-	checkStore(t, filepath.Join(dataDir, StoreFile))
+	checkStore(t, filepath.Join(dataDir, delayproxy.StoreFile))
 }

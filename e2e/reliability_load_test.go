@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"net/http"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/internal/crashtest"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
 // TestReliabilityLoad_200Connections: 200 client connections, three
@@ -26,20 +27,18 @@ func TestReliabilityLoad_200Connections(t *testing.T) {
 	)
 	tp := startProxy(t, nil)
 	setup := tp.dial(t)
-	ex := declareDelayed(t, channel(t, setup), "fanout", nil)
-	dq := declareQueue(t, nil)
-	bind(t, dq, "", ex, nil)
+	ex, dq := delayedQueue(t, testbroker.Channel(t, setup), "fanout", "")
 	pq := declareQueue(t, nil)
 	broker := dialBroker(t)
 	got := consume(t, broker, dq)
-	inspect := channel(t, broker)
+	inspect := testbroker.Channel(t, broker)
 	// Warm up: the releaser's connection is dialled at the first release
 	// and stays, so it belongs to the baseline.
 	publishConfirmed(t, confirmChannel(t, setup), ex, "", false, delayedMsg(int32(10), "warm-up"))
 	got.wait(t, 1, 30*time.Second)
 	http.DefaultClient.CloseIdleConnections()
 
-	rep, err := crashtest.MeasureLoad(tp.URL(), "dp-rel load "+randomTag(t), n, crashtest.Load{
+	rep, err := crashtest.MeasureLoad(tp.URL(), "dp-rel load "+randHex(t, 4), n, crashtest.Load{
 		Delayed: ex,
 		Queue:   pq,
 		Delay:   delaySpread(1, 200*time.Millisecond, time.Second, time.Second, time.Second),

@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"net/http"

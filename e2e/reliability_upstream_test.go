@@ -1,17 +1,16 @@
-package delayproxy
+package e2e
 
 import (
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/url"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // closePrompt is how soon after RabbitMQ closed its upstream connection a
@@ -28,13 +27,11 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 	t.Parallel()
 	const clients = 2
 	tp := startProxy(t, nil)
-	ex := declareDelayed(t, channel(t, tp.dial(t)), "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, testbroker.Channel(t, tp.dial(t)), "fanout", "")
 	got := consume(t, dialBroker(t), q)
 
-	prefix := "dp-rel upstream " + randomTag(t)
-	pubs, stop := runPublishers(clients, func(i int) *crashtest.Publisher {
+	prefix := "dp-rel upstream " + randHex(t, 4)
+	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {
 		return &crashtest.Publisher{
 			Name:     fmt.Sprintf("%s %d", prefix, i),
 			URL:      tp.URL,
@@ -43,15 +40,10 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 			Rate:     100,
 		}
 	})
-	eventually(t, 30*time.Second, "every client to have messages confirmed", func() bool {
-		for _, p := range pubs {
-			if len(p.Ledger().Confirmed) < 20 {
-				return false
-			}
-		}
-		return true
+	testwait.Until(t, 30*time.Second, "every client to have messages confirmed", func() bool {
+		return pubs.Every(func(l crashtest.Ledger) bool { return len(l.Confirmed) >= 20 })
 	})
-	before := confirmedSoFar(pubs)
+	before := pubs.Confirmed()
 	closing := time.Now()
 	if n := testbroker.CloseConnections(t, prefix); n != clients {
 		t.Fatalf("closed %d upstream connections named %q..., want %d", n, prefix, clients)
@@ -59,17 +51,7 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 	closed := time.Now()
 	// Each client saw its connection end, with RabbitMQ's code, no later
 	// than closePrompt after the last close_connection returned.
-	for i, p := range pubs {
-		var end crashtest.End
-		eventually(t, time.Until(closed.Add(closePrompt)), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
-			for _, e := range p.Ledger().Ends {
-				if e.At.After(closing) {
-					end = e
-					return true
-				}
-			}
-			return false
-		})
+	for i, end := range awaitEnds(t, pubs, closing, closed.Add(closePrompt)) {
 		if end.Err == nil || end.Err.Code != amqp.ConnectionForced {
 			t.Errorf("client %d: connection ended with %v, want 320 CONNECTION_FORCED from RabbitMQ", i, end.Err)
 		}
@@ -77,17 +59,13 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 			i, end.At.Sub(closing).Round(time.Millisecond), closed.Sub(closing).Round(time.Millisecond), end.Err)
 	}
 	// And goes on publishing over a new connection.
-	eventually(t, 30*time.Second, "clients to publish again", func() bool {
-		for _, p := range pubs {
-			if l := p.Ledger(); l.Sessions < 2 {
-				return false
-			}
-		}
-		return confirmedSoFar(pubs) >= before+100
+	testwait.Until(t, 30*time.Second, "clients to publish again", func() bool {
+		reconnected := pubs.Every(func(l crashtest.Ledger) bool { return l.Sessions >= 2 })
+		return reconnected && pubs.Confirmed() >= before+100
 	})
-	ls := stop()
+	ls := pubs.Stop()
 	awaitDelivered(t, got, pubs, 3*time.Second+30*time.Second)
-	eventually(t, 30*time.Second, "nothing pending", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 30*time.Second, "nothing pending", func() bool { return tp.pending(t, ex) == 0 })
 	tally := crashtest.Count(ls, messageIDs(got.stop(t)))
 	t.Logf("%v", tally)
 	// The store is not touched by the fault: no duplicates at all.
@@ -114,21 +92,21 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 	tp := startProxy(t, nil)
 	proxyURL := withVHost(t, tp.URL(), vh)
 
-	q := "dp-rel.releaser." + randomTag(t)
-	brokerSetup(t, brokerURL, func(ch *amqp.Channel) error {
+	q := "dp-rel.releaser." + randHex(t, 4)
+	testbroker.WithChannel(t, brokerURL, func(ch *amqp.Channel) error {
 		_, err := ch.QueueDeclare(q, true, false, false, false, nil)
 		return err
 	})
-	pch := channel(t, dialURL(t, proxyURL))
+	pch := testbroker.Channel(t, testbroker.Dial(t, proxyURL))
 	ex := "dp-rel.releaser.x"
 	if err := pch.ExchangeDeclare(ex, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "fanout"}); err != nil {
 		t.Fatal(err)
 	}
-	brokerSetup(t, brokerURL, func(ch *amqp.Channel) error { return ch.QueueBind(q, "", ex, false, nil) })
-	got := consume(t, dialURL(t, brokerURL), q)
+	testbroker.WithChannel(t, brokerURL, func(ch *amqp.Channel) error { return ch.QueueBind(q, "", ex, false, nil) })
+	got := consume(t, testbroker.Dial(t, brokerURL), q)
 
-	prefix := "dp-rel releaser-test " + randomTag(t)
-	pubs, stop := runPublishers(clients, func(i int) *crashtest.Publisher {
+	prefix := "dp-rel releaser-test " + randHex(t, 4)
+	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {
 		return &crashtest.Publisher{
 			Name:     fmt.Sprintf("%s %d", prefix, i),
 			URL:      func() string { return proxyURL },
@@ -137,19 +115,19 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 			Rate:     150,
 		}
 	})
-	eventually(t, 30*time.Second, "releases to begin", func() bool { return len(got.snapshot()) >= 200 })
+	testwait.Until(t, 30*time.Second, "releases to begin", func() bool { return len(got.snapshot()) >= 200 })
 	releaser := "delayproxy releaser " + vh
 	if k := testbroker.CloseConnections(t, releaser); k != 1 {
 		t.Fatalf("closed %d connections named %q, want 1", k, releaser)
 	}
 	at := len(got.snapshot())
-	eventually(t, 30*time.Second, "releases to resume", func() bool { return len(got.snapshot()) >= at+200 })
-	ls := stop()
-	eventually(t, 30*time.Second, "every message to be released", func() bool { return pendingIn(t, tp, vh, ex) == 0 })
+	testwait.Until(t, 30*time.Second, "releases to resume", func() bool { return len(got.snapshot()) >= at+200 })
+	ls := pubs.Stop()
+	testwait.Until(t, 30*time.Second, "every message to be released", func() bool { return tp.exchangeIn(t, vh, ex).Pending == 0 })
 	awaitDelivered(t, got, pubs, 30*time.Second)
 	tally := crashtest.Count(ls, messageIDs(got.stop(t)))
 	t.Logf("releaser connection closed with %d delivered: %v", at, tally)
-	if err := tally.Err(MaxReleasesInFlight); err != nil {
+	if err := tally.Err(delayproxy.MaxReleasesInFlight); err != nil {
 		t.Error(err)
 	}
 	if tally.Nacked > 0 || tally.Unanswered > 0 {
@@ -165,22 +143,4 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 	if err := pch.ExchangeDelete(ex, false, false); err != nil {
 		t.Errorf("delete %s: %v", ex, err)
 	}
-}
-
-// pendingIn is the admin API's count of pending messages of a delayed
-// exchange in vhost.
-func pendingIn(t testing.TB, tp *testProxy, vhost, exchange string) int64 {
-	t.Helper()
-	path := "/api/exchanges/" + url.PathEscape(vhost) + "/" + url.PathEscape(exchange)
-	code, body := tp.httpDo(t, http.MethodGet, path)
-	if code != http.StatusOK {
-		t.Fatalf("GET %s: %d %s", path, code, body)
-	}
-	var e struct {
-		Pending int64 `json:"pending"`
-	}
-	if err := json.Unmarshal(body, &e); err != nil {
-		t.Fatalf("GET %s: %v: %s", path, err, body)
-	}
-	return e.Pending
 }

@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"context"
@@ -12,7 +12,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // mountTmpfs mounts a tmpfs of the given size (mount's syntax: "4m") on a
@@ -73,11 +76,9 @@ func fillTo(t *testing.T, dir string, free int64) string {
 func TestReliabilityDiskFull(t *testing.T) {
 	t.Parallel()
 	mnt := mountTmpfs(t, "4m")
-	tp := startProxy(t, func(c *Config) { c.DataDir = filepath.Join(mnt, "data") })
+	tp := startProxy(t, func(c *delayproxy.Config) { c.DataDir = filepath.Join(mnt, "data") })
 	conn := tp.dial(t)
-	ex := declareDelayed(t, channel(t, conn), "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, testbroker.Channel(t, conn), "fanout", "")
 	got := consume(t, dialBroker(t), q)
 	plainQ := declareQueue(t, nil)
 
@@ -142,7 +143,7 @@ func TestReliabilityDiskFull(t *testing.T) {
 	}
 	// Without confirms the channel is closed with 506 RESOURCE_ERROR (a
 	// publish that still fits is stored and delivered: try again).
-	nch := channel(t, conn)
+	nch := testbroker.Channel(t, conn)
 	closed := nch.NotifyClose(make(chan *amqp.Error, 1))
 	var closeErr *amqp.Error
 	for i := 0; closeErr == nil; i++ {
@@ -170,7 +171,7 @@ func TestReliabilityDiskFull(t *testing.T) {
 		t.Errorf("plain queue holds %d messages, want 1", n)
 	}
 	// Stay full until some early messages have fallen due.
-	eventually(t, 10*time.Second, "releases while the disk is full", func() bool { return len(got.snapshot()) > 0 })
+	testwait.Until(t, 10*time.Second, "releases while the disk is full", func() bool { return len(got.snapshot()) > 0 })
 	time.Sleep(time.Until(full.Add(5 * time.Second))) // more deletes against a full disk
 	refusedMetric := tp.metric(t, `delayproxy_messages_refused_total{reason="store_error"}`)
 
@@ -200,7 +201,7 @@ func TestReliabilityDiskFull(t *testing.T) {
 	if stuck > 0 {
 		t.Logf("%d released messages still pending 5 s after space returned (their deletes failed on the full disk); restarting", stuck)
 		tp.restart()
-		eventually(t, 30*time.Second, "nothing pending after the restart", func() bool { return tp.pending(t, ex) == 0 })
+		testwait.Until(t, 30*time.Second, "nothing pending after the restart", func() bool { return tp.pending(t, ex) == 0 })
 		awaitLedger(t, got, ledger, 10*time.Second) // and what the restart released again has arrived
 		time.Sleep(500 * time.Millisecond)
 	}

@@ -1,17 +1,11 @@
-package delayproxy
+package e2e
 
 import (
 	"bufio"
 	"bytes"
-	"context"
-	"crypto/rand"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"log/slog"
-	"net/url"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // lockedBuffer is a bytes.Buffer safe for one writer (the log handler) and
@@ -41,42 +36,6 @@ func (b *lockedBuffer) String() string {
 	return b.buf.String()
 }
 
-// randHex is n random bytes in hex.
-func randHex(t testing.TB, n int) string {
-	t.Helper()
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
-}
-
-// brokerUser creates a RabbitMQ user with full permissions on vhost "/"
-// and deletes it in t.Cleanup.
-func brokerUser(t testing.TB, user, password string) {
-	t.Helper()
-	ctl := func(args ...string) error {
-		out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
-		if err != nil {
-			// The output would show the password of add_user: name the
-			// command only.
-			return fmt.Errorf("rabbitmqctl %s %s: %v: %s", args[0], args[1], err, strings.ReplaceAll(string(out), password, "<password>"))
-		}
-		return nil
-	}
-	if err := ctl("add_user", user, password); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ctl("delete_user", user); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
-	if err := ctl("set_permissions", "-p", "/", user, ".*", ".*", ".*"); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // logRecord is one JSON log line.
 type logRecord map[string]any
 
@@ -94,50 +53,13 @@ func TestService_ConnectionLog(t *testing.T) {
 	password := "pw-" + randHex(t, 12)
 	wrongPassword := "wrong-" + randHex(t, 12)
 	body := "body-" + randHex(t, 12)
-	brokerUser(t, user, password)
+	testbroker.AddUser(t, user, password)
+	testbroker.Ctl(t, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
 
 	logs := &lockedBuffer{}
-	cfg := DefaultConfig()
-	cfg.ListenAddr = "127.0.0.1:0"
-	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.UpstreamURL = testbroker.URL(t)
-	cfg.DataDir = t.TempDir()
-	cfg.ShutdownGrace = 10 * time.Second
-	p, err := New(cfg, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	stopped := false
-	stopProxy := func() {
-		t.Helper()
-		if stopped {
-			return
-		}
-		stopped = true
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not return 30s after cancel")
-		}
-	}
-	t.Cleanup(stopProxy)
-	select {
-	case <-p.Ready():
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("not ready after 30s")
-	}
-	amqpAddr, _ := p.Addrs()
+	tp := startProxyWith(t, nil, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	proxyURL := func(pass string) string {
-		return (&url.URL{Scheme: "amqp", User: url.UserPassword(user, pass), Host: amqpAddr.String(), Path: "/"}).String()
+		return withUser(t, tp.URL(), user, pass)
 	}
 
 	// A refused login.
@@ -150,31 +72,29 @@ func TestService_ConnectionLog(t *testing.T) {
 
 	// A client that publishes a delayed message and a relayed one, then
 	// closes; another left open until the proxy shuts down.
-	conn := dialURL(t, proxyURL(password))
+	conn := testbroker.Dial(t, proxyURL(password))
 	connAddr := conn.LocalAddr().String()
 	ch := confirmChannel(t, conn)
-	ex := declareDelayed(t, ch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, ch, "fanout", "")
 	msg := delayedMsg(300, "logged")
 	msg.Body = []byte(body)
 	publishConfirmed(t, ch, ex, "", false, msg)
 	publishConfirmed(t, ch, "", q, false, amqp.Publishing{Body: []byte(body)})
-	eventually(t, 20*time.Second, "the delayed message to arrive", func() bool { return queueDepth(t, q) == 2 })
+	testwait.Until(t, 20*time.Second, "the delayed message to arrive", func() bool { return queueDepth(t, q) == 2 })
 	if err := conn.Close(); err != nil {
 		t.Fatal(err)
 	}
-	open := dialURL(t, proxyURL(password))
+	open := testbroker.Dial(t, proxyURL(password))
 	openAddr := open.LocalAddr().String()
 	closed := open.NotifyClose(make(chan *amqp.Error, 1))
 	// Shut down only once the proxy relays for this client: one that has
 	// its open-ok but is not relaying yet is dropped without a 320 (see
 	// the report on amqpproxy's session.shutdown).
-	eventually(t, 10*time.Second, "the second connection's open line", func() bool {
+	testwait.Until(t, 10*time.Second, "the second connection's open line", func() bool {
 		return strings.Contains(logs.String(), `"client":"`+openAddr+`"`)
 	})
-	stopProxy()
-	if e := closeError(t, closed); e.Code != amqp.ConnectionForced {
+	tp.stop()
+	if e := testbroker.AwaitClose(t, closed, 15*time.Second); e.Code != amqp.ConnectionForced {
 		t.Errorf("connection open at shutdown closed with %d %s, want 320", e.Code, e.Reason)
 	}
 

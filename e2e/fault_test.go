@@ -1,6 +1,6 @@
 //go:build brokerfaults
 
-package delayproxy
+package e2e
 
 // Tests that stop RabbitMQ or load it for minutes. They disrupt every other
 // test on the machine, so CI runs them separately and serially:
@@ -16,24 +16,17 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
-
-// rabbitmqctl runs one rabbitmqctl command and fails the test if it fails.
-func rabbitmqctl(t testing.TB, args ...string) {
-	t.Helper()
-	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
-	}
-}
 
 // stopBroker stops the RabbitMQ application (the Erlang node stays up); the
 // broker is started again in t.Cleanup whatever happens.
 func stopBroker(t *testing.T) {
 	t.Helper()
 	t.Cleanup(func() { startBroker(t) })
-	rabbitmqctl(t, "stop_app")
+	testbroker.Ctl(t, "stop_app")
 }
 
 // startBroker starts the RabbitMQ application and waits until it accepts
@@ -63,11 +56,8 @@ func startBroker(t testing.TB) {
 // flight when RabbitMQ went away (one batch, 256).
 func TestFaultBrokerStopDuringRelease(t *testing.T) {
 	const n = 3000
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "fanout", nil) // durable
-	q := declareQueue(t, nil)                  // durable; messages are persistent
-	bind(t, q, "", ex, nil)
+	tp, ch := startConfirmed(t)
+	ex, q := delayedQueue(t, ch, "fanout", "") // durable; messages are persistent
 
 	confirms := make([]*amqp.DeferredConfirmation, n)
 	for i := range n {
@@ -84,17 +74,17 @@ func TestFaultBrokerStopDuringRelease(t *testing.T) {
 			t.Fatalf("publish %d: ack=%v err=%v", i, ok, err)
 		}
 	}
-	eventually(t, 20*time.Second, "releases to begin", func() bool { return queueDepth(t, q) > 0 })
+	testwait.Until(t, 20*time.Second, "releases to begin", func() bool { return queueDepth(t, q) > 0 })
 	pendingBefore := tp.pending(t, ex)
 	stopBroker(t) // takes a few seconds
 	// Releases RabbitMQ confirmed before it stopped leave the store after
 	// the delete linger; nothing is confirmed from here on.
-	time.Sleep(2*ReleaseDeleteLinger + 100*time.Millisecond)
+	time.Sleep(2*delayproxy.ReleaseDeleteLinger + 100*time.Millisecond)
 	pendingAtStop := tp.pending(t, ex)
 	releasedAtStop := tp.metric(t, "delayproxy_messages_released_total")
 	// Stay down until messages have been due for a second and could not
 	// be released.
-	eventually(t, 30*time.Second, "messages to fall due while RabbitMQ is down", func() bool {
+	testwait.Until(t, 30*time.Second, "messages to fall due while RabbitMQ is down", func() bool {
 		due, ok := tp.nextDue(t, ex)
 		return ok && time.Since(due) > time.Second
 	})
@@ -106,7 +96,7 @@ func TestFaultBrokerStopDuringRelease(t *testing.T) {
 	}
 	startBroker(t)
 	restarted := time.Now()
-	eventually(t, 2*time.Minute, "every message to be released", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 2*time.Minute, "every message to be released", func() bool { return tp.pending(t, ex) == 0 })
 	resumed := time.Since(restarted)
 
 	got := drain(t, q)

@@ -1,6 +1,6 @@
 //go:build brokerfaults
 
-package delayproxy
+package e2e
 
 import (
 	"fmt"
@@ -10,6 +10,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/internal/crashtest"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // TestFaultBrokerStopDuringPublish: RabbitMQ's application stops while
@@ -19,17 +21,15 @@ import (
 // through the proxy fail at once rather than hang; when it is back they
 // connect and publish again, and every message confirmed before or after
 // is delivered, with duplicates within one release window.
-// TestFaultBrokerStopDuringRelease (fault_e2e_test.go) covers the stop
+// TestFaultBrokerStopDuringRelease (fault_test.go) covers the stop
 // during a release burst.
 func TestFaultBrokerStopDuringPublish(t *testing.T) {
 	const clients = 3
 	tp := startProxy(t, nil)
-	ex := declareDelayed(t, channel(t, tp.dial(t)), "fanout", nil) // durable
-	q := declareQueue(t, nil)                                      // durable; messages are persistent
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, testbroker.Channel(t, tp.dial(t)), "fanout", "") // durable; messages are persistent
 
-	prefix := "dp-rel brokerstop " + randomTag(t)
-	pubs, stop := runPublishers(clients, func(i int) *crashtest.Publisher {
+	prefix := "dp-rel brokerstop " + randHex(t, 4)
+	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {
 		return &crashtest.Publisher{
 			Name:     fmt.Sprintf("%s %d", prefix, i),
 			URL:      tp.URL,
@@ -38,29 +38,14 @@ func TestFaultBrokerStopDuringPublish(t *testing.T) {
 			Rate:     100,
 		}
 	})
-	eventually(t, 30*time.Second, "every client to have messages confirmed", func() bool {
-		for _, p := range pubs {
-			if len(p.Ledger().Confirmed) < 30 {
-				return false
-			}
-		}
-		return true
+	testwait.Until(t, 30*time.Second, "every client to have messages confirmed", func() bool {
+		return pubs.Every(func(l crashtest.Ledger) bool { return len(l.Confirmed) >= 30 })
 	})
 	stopping := time.Now()
 	stopBroker(t)
 	stopped := time.Now()
 	t.Logf("stop_app took %v", stopped.Sub(stopping).Round(time.Millisecond))
-	for i, p := range pubs {
-		var end crashtest.End
-		eventually(t, time.Until(stopped.Add(closePrompt)), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
-			for _, e := range p.Ledger().Ends {
-				if e.At.After(stopping) {
-					end = e
-					return true
-				}
-			}
-			return false
-		})
+	for i, end := range awaitEnds(t, pubs, stopping, stopped.Add(closePrompt)) {
 		if end.Err == nil || end.Err.Code != amqp.ConnectionForced {
 			t.Errorf("client %d: connection ended with %v, want 320 CONNECTION_FORCED", i, end.Err)
 		}
@@ -69,38 +54,34 @@ func TestFaultBrokerStopDuringPublish(t *testing.T) {
 	// Down: clients keep dialling through the proxy, and each dial fails
 	// at once (the proxy cannot reach RabbitMQ), never hangs.
 	dials := func() (n int) {
-		for _, p := range pubs {
+		for _, p := range pubs.All() {
 			n += p.Ledger().Dials
 		}
 		return n
 	}
-	confirmedDown := confirmedSoFar(pubs)
+	confirmedDown := pubs.Confirmed()
 	base := dials()
-	eventually(t, 10*time.Second, "clients to keep dialling while RabbitMQ is down", func() bool { return dials() >= base+10*clients })
+	testwait.Until(t, 10*time.Second, "clients to keep dialling while RabbitMQ is down", func() bool { return dials() >= base+10*clients })
 	// Stay down until messages have been due for a second and could not
 	// be released.
-	eventually(t, 30*time.Second, "messages to fall due while RabbitMQ is down", func() bool {
+	testwait.Until(t, 30*time.Second, "messages to fall due while RabbitMQ is down", func() bool {
 		due, ok := tp.nextDue(t, ex)
 		return ok && time.Since(due) > time.Second
 	})
-	if n := confirmedSoFar(pubs); n != confirmedDown {
+	if n := pubs.Confirmed(); n != confirmedDown {
 		t.Errorf("%d publishes confirmed while RabbitMQ was down", n-confirmedDown)
 	}
 	startBroker(t)
 	restarted := time.Now()
-	eventually(t, time.Minute, "clients to publish again", func() bool {
-		for _, p := range pubs {
-			if p.Ledger().Sessions < 2 {
-				return false
-			}
-		}
-		return confirmedSoFar(pubs) >= confirmedDown+100
+	testwait.Until(t, time.Minute, "clients to publish again", func() bool {
+		reconnected := pubs.Every(func(l crashtest.Ledger) bool { return l.Sessions >= 2 })
+		return reconnected && pubs.Confirmed() >= confirmedDown+100
 	})
 	t.Logf("clients publishing again %v after start_app returned", time.Since(restarted).Round(time.Millisecond))
-	ls := stop()
+	ls := pubs.Stop()
 	got := consume(t, dialBroker(t), q)
 	awaitDelivered(t, got, pubs, time.Minute)
-	eventually(t, time.Minute, "nothing pending", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, time.Minute, "nothing pending", func() bool { return tp.pending(t, ex) == 0 })
 	tally := crashtest.Count(ls, messageIDs(got.stop(t)))
 	t.Logf("%v; %d dials in all", tally, dials())
 	if err := tally.Err(releaseWindow); err != nil {

@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/internal/rawamqp"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
@@ -82,7 +83,7 @@ func awaitHangup(t testing.TB, c *rawamqp.Conn) time.Duration {
 func TestReliabilityHostile_HandshakeTimeout(t *testing.T) {
 	t.Parallel()
 	const timeout = time.Second
-	tp := startProxy(t, func(c *Config) { c.HandshakeTimeout = timeout })
+	tp := startProxy(t, func(c *delayproxy.Config) { c.HandshakeTimeout = timeout })
 	addr := addrOf(t, tp.URL())
 	startOk := func(c *rawamqp.Conn) error {
 		return c.Send(0, &wire.ConnectionStartOk{Mechanism: "PLAIN", Response: []byte("\x00guest\x00guest"), Locale: "en_US"})
@@ -216,9 +217,7 @@ func TestReliabilityHostile_Garbage(t *testing.T) {
 	tp := startProxy(t, nil)
 	bystander := tp.dial(t)
 	bch := confirmChannel(t, bystander)
-	ex := declareDelayed(t, bch, "fanout", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "", ex, nil)
+	ex, q := delayedQueue(t, bch, "fanout", "")
 
 	rng := rand.New(rand.NewPCG(6, 6))
 	random := func(n int) []byte {

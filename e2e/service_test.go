@@ -1,4 +1,4 @@
-package delayproxy
+package e2e
 
 import (
 	"encoding/json"
@@ -11,24 +11,25 @@ import (
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testlog"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // End-to-end tests of the operator's side of a running proxy against the
 // real RabbitMQ: metrics that move with traffic, the admin API (count, list,
 // cancel), token enforcement, health and readiness. Logging is in
-// service_log_e2e_test.go; the binary's signals in cmd/delayproxy.
+// service_log_test.go; the binary's signals in cmd/delayproxy.
 
 // TestService_MetricsMoveWithDelayedTraffic: a few delayed publishes and
 // their releases move the counters, the per-exchange pending gauge (up, then
 // down), the lateness and commit histograms, by the right amounts.
 func TestService_MetricsMoveWithDelayedTraffic(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
-	ex := declareDelayed(t, ch, "direct", nil)
-	q := declareQueue(t, nil)
-	bind(t, q, "k", ex, nil)
+	tp, ch := startConfirmed(t)
+	ex, q := delayedQueue(t, ch, "direct", "k")
 	cons := consume(t, dialBroker(t), q)
 	pending := []string{"vhost", "/", "exchange", ex}
 
@@ -69,7 +70,7 @@ func TestService_MetricsMoveWithDelayedTraffic(t *testing.T) {
 	// The store deletes a release once RabbitMQ confirmed it, batched: the
 	// gauge falls to 0 shortly after the deliveries.
 	var after metricsSnapshot
-	eventually(t, 10*time.Second, "pending gauge back to 0", func() bool {
+	testwait.Until(t, 10*time.Second, "pending gauge back to 0", func() bool {
 		after = scrape(t, tp)
 		v, _ := after.lookup("delayproxy_pending_messages", pending...)
 		// A scrape reads one series after another: wait for the counter too.
@@ -109,7 +110,7 @@ func TestService_ConnectionMetrics(t *testing.T) {
 	s0.want(t, "delayproxy_client_connections", 0)
 
 	conn := tp.dial(t)
-	ch := channel(t, conn)
+	ch := testbroker.Channel(t, conn)
 	q := declareQueue(t, nil)
 	// A relayed round trip: queue.declare (passive) and its declare-ok.
 	if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
@@ -117,7 +118,7 @@ func TestService_ConnectionMetrics(t *testing.T) {
 	}
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("relayed")})
 	var s1 metricsSnapshot
-	eventually(t, 10*time.Second, "connection and channel gauges at 1, the publish relayed", func() bool {
+	testwait.Until(t, 10*time.Second, "connection and channel gauges at 1, the publish relayed", func() bool {
 		s1 = scrape(t, tp)
 		c, _ := s1.lookup("delayproxy_client_connections")
 		n, _ := s1.lookup("delayproxy_channels")
@@ -146,7 +147,7 @@ func TestService_ConnectionMetrics(t *testing.T) {
 	if err := ch.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "channel gauge back to 0", func() bool {
+	testwait.Until(t, 10*time.Second, "channel gauge back to 0", func() bool {
 		v, _ := scrape(t, tp).lookup("delayproxy_channels")
 		return v == 0
 	})
@@ -154,7 +155,7 @@ func TestService_ConnectionMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	var s2 metricsSnapshot
-	eventually(t, 10*time.Second, "connection gauge back to 0, the close counted", func() bool {
+	testwait.Until(t, 10*time.Second, "connection gauge back to 0, the close counted", func() bool {
 		s2 = scrape(t, tp)
 		v, _ := s2.lookup("delayproxy_client_connections")
 		c, _ := s2.lookup("delayproxy_connections_closed_total")
@@ -188,8 +189,7 @@ type listPage struct {
 // the cancelled counter follow.
 func TestService_AdminCountListCancel(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
-	ch := confirmChannel(t, tp.dial(t))
+	tp, ch := startConfirmed(t)
 	ex := declareDelayed(t, ch, "direct", nil)
 	other := declareDelayed(t, ch, "fanout", nil)
 	q, qOther := declareQueue(t, nil), declareQueue(t, nil)
@@ -346,7 +346,7 @@ func TestService_AdminCountListCancel(t *testing.T) {
 	// them, and release goes in due order, so once it is in and the store
 	// is empty a cancelled one would have come; wait a margin more anyway.
 	cons.wait(t, len(wantLeft), 30*time.Second)
-	eventually(t, 10*time.Second, "pending of "+ex+" to reach 0", func() bool { return tp.pending(t, ex) == 0 })
+	testwait.Until(t, 10*time.Second, "pending of "+ex+" to reach 0", func() bool { return tp.pending(t, ex) == 0 })
 	time.Sleep(500 * time.Millisecond) // a margin past every due time, for a message that must not come
 	if got := ids(cons.stop(t)); !slices.Equal(got, wantLeft) {
 		t.Errorf("delivered %v, want %v (cancelled ones must never arrive)", got, wantLeft)
@@ -381,18 +381,6 @@ func cancel(t testing.TB, tp *testProxy, path string) int64 {
 	return *r.Cancelled
 }
 
-// getJSON GETs an admin path that must answer 200 and decodes it into v.
-func getJSON(t testing.TB, tp *testProxy, path string, v any) {
-	t.Helper()
-	code, body := tp.httpDo(t, http.MethodGet, path)
-	if code != http.StatusOK {
-		t.Fatalf("GET %s: %d %s", path, code, body)
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		t.Fatalf("GET %s: %v: %s", path, err, body)
-	}
-}
-
 // nonLoopbackHost is an address of this machine that is not loopback: the
 // first global IPv4 address of an interface, or 0.0.0.0 (every interface)
 // when there is none.
@@ -418,20 +406,20 @@ func TestService_TokenRequiredOffLoopback(t *testing.T) {
 	t.Parallel()
 	for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0", net.JoinHostPort(nonLoopbackHost(t), "0")} {
 		t.Run(addr, func(t *testing.T) {
-			cfg := DefaultConfig()
+			cfg := delayproxy.DefaultConfig()
 			cfg.ListenAddr = "127.0.0.1:0"
 			cfg.DataDir = t.TempDir()
 			cfg.HTTPAddr = addr
-			_, err := New(cfg, testLogger())
+			_, err := delayproxy.New(cfg, testlog.New())
 			if err == nil || !strings.Contains(err.Error(), "--admin-token (DELAYPROXY_ADMIN_TOKEN)") {
 				t.Errorf("New with --http-addr %s and no token: %v, want an error naming --admin-token", addr, err)
 			}
 			cfg.AdminToken = svcToken[:15]
-			if _, err := New(cfg, testLogger()); err == nil || !strings.Contains(err.Error(), "--admin-token") {
+			if _, err := delayproxy.New(cfg, testlog.New()); err == nil || !strings.Contains(err.Error(), "--admin-token") {
 				t.Errorf("New with a 15-character token: %v, want an error naming --admin-token", err)
 			}
 			cfg.AdminToken = svcToken
-			if _, err := New(cfg, testLogger()); err != nil {
+			if _, err := delayproxy.New(cfg, testlog.New()); err != nil {
 				t.Errorf("New with a token: %v", err)
 			}
 		})
@@ -444,7 +432,7 @@ func TestService_TokenRequiredOffLoopback(t *testing.T) {
 func TestService_TokenEnforced(t *testing.T) {
 	t.Parallel()
 	host := nonLoopbackHost(t)
-	tp := startProxy(t, func(c *Config) {
+	tp := startProxy(t, func(c *delayproxy.Config) {
 		c.HTTPAddr = net.JoinHostPort(host, "0")
 		c.AdminToken = svcToken
 	})
@@ -530,7 +518,7 @@ func TestService_HealthAndReadiness(t *testing.T) {
 	t.Run("upstream unreachable", func(t *testing.T) {
 		t.Parallel()
 		port := closedPort(t)
-		tp := startProxy(t, func(c *Config) { c.UpstreamURL = "amqp://guest:guest@127.0.0.1:" + port + "/" })
+		tp := startProxy(t, func(c *delayproxy.Config) { c.UpstreamURL = "amqp://guest:guest@127.0.0.1:" + port + "/" })
 		if code, body := tp.httpDo(t, "GET", "/healthz"); code != 200 {
 			t.Errorf("GET /healthz = %d %q, want 200 (the process is alive)", code, body)
 		}
@@ -574,7 +562,7 @@ func TestService_HeartbeatFlagReachesClients(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.flag.String(), func(t *testing.T) {
-			tp := startProxy(t, func(c *Config) { c.Heartbeat = tt.flag })
+			tp := startProxy(t, func(c *delayproxy.Config) { c.Heartbeat = tt.flag })
 			if got := tp.dial(t).Config.Heartbeat; got != tt.want {
 				t.Fatalf("negotiated heartbeat %v, want %v", got, tt.want)
 			}

@@ -1,20 +1,15 @@
-package delayproxy
+package e2e
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net/url"
-	"os/exec"
-	"sync"
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // Helpers of the reliability tests (issue 6). They build on the e2e harness
@@ -26,17 +21,7 @@ import (
 // MaxReleasesInFlight. Each of them may have been enqueued by RabbitMQ and
 // still be in the store when the proxy dies, or be published again when
 // its confirm was lost with the connection.
-const releaseWindow = 5 * MaxReleasesInFlight
-
-// randomTag is 8 hex digits, to tell this run's connections, vhosts and
-// message-ids from any other's.
-func randomTag(t testing.TB) string {
-	var b [4]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b[:])
-}
+const releaseWindow = 5 * delayproxy.MaxReleasesInFlight
 
 // withHost returns rawURL (an AMQP URL) with its host:port replaced, and its
 // vhost too when vhost is not "".
@@ -74,44 +59,11 @@ func testVHost(t testing.TB) string {
 		t.Fatal(err)
 	}
 	user := u.User.Username()
-	vh := "dp-rel-" + randomTag(t)
-	ctl := func(args ...string) error {
-		out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("rabbitmqctl %v: %v\n%s", args, err, out)
-		}
-		return nil
-	}
-	if err := ctl("add_vhost", vh); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ctl("delete_vhost", vh); err != nil {
-			t.Error(err)
-		}
-	})
-	if err := ctl("set_permissions", "-p", vh, user, ".*", ".*", ".*"); err != nil {
-		t.Fatal(err)
-	}
+	vh := "dp-rel-" + randHex(t, 4)
+	testbroker.Ctl(t, "add_vhost", vh)
+	t.Cleanup(func() { testbroker.Ctl(t, "delete_vhost", vh) })
+	testbroker.Ctl(t, "set_permissions", "-p", vh, user, ".*", ".*", ".*")
 	return vh
-}
-
-// brokerSetup runs f on a channel straight to RabbitMQ at brokerURL and
-// fails the test on error.
-func brokerSetup(t testing.TB, brokerURL string, f func(*amqp.Channel) error) {
-	t.Helper()
-	c, err := amqp.Dial(brokerURL)
-	if err != nil {
-		t.Fatalf("dial %s: %v", redactURL(brokerURL), err)
-	}
-	defer c.Close()
-	ch, err := c.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f(ch); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // delaySpread returns a Publisher's Delay: most messages due between lo
@@ -128,44 +80,24 @@ func delaySpread(salt uint64, lo, hi, far, span time.Duration) func(uint64) time
 	}
 }
 
-// publishers runs n Publishers named prefix-0 ... prefix-(n-1) until the
-// returned stop is called; stop returns their ledgers once every Run
-// returned.
-func runPublishers(n int, mk func(i int) *crashtest.Publisher) (pubs []*crashtest.Publisher, stop func() []crashtest.Ledger) {
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for i := range n {
-		p := mk(i)
-		pubs = append(pubs, p)
-		wg.Go(func() { p.Run(ctx) })
+// awaitEnds waits until every publisher has seen a connection of its end
+// after since, failing the test at by, and returns each one's first such
+// end.
+func awaitEnds(t testing.TB, pubs *crashtest.Publishers, since, by time.Time) []crashtest.End {
+	t.Helper()
+	ends := make([]crashtest.End, len(pubs.All()))
+	for i, p := range pubs.All() {
+		testwait.Until(t, time.Until(by), fmt.Sprintf("client %d to see its connection closed", i), func() bool {
+			for _, e := range p.Ledger().Ends {
+				if e.At.After(since) {
+					ends[i] = e
+					return true
+				}
+			}
+			return false
+		})
 	}
-	return pubs, func() []crashtest.Ledger {
-		cancel()
-		wg.Wait()
-		ls := make([]crashtest.Ledger, len(pubs))
-		for i, p := range pubs {
-			ls[i] = p.Ledger()
-		}
-		return ls
-	}
-}
-
-// confirmedSoFar sums the publishers' confirmed counts.
-func confirmedSoFar(pubs []*crashtest.Publisher) int {
-	n := 0
-	for _, p := range pubs {
-		n += len(p.Ledger().Confirmed)
-	}
-	return n
-}
-
-// ledgers reads the publishers' ledgers as they are now.
-func ledgers(pubs []*crashtest.Publisher) []crashtest.Ledger {
-	ls := make([]crashtest.Ledger, len(pubs))
-	for i, p := range pubs {
-		ls[i] = p.Ledger()
-	}
-	return ls
+	return ends
 }
 
 // messageIDs are the message-ids of arrivals, in arrival order.
@@ -179,9 +111,9 @@ func messageIDs(as []arrival) []string {
 
 // awaitDelivered polls c until every id the publishers' ledgers confirmed
 // has arrived, failing the test after d with the number still missing.
-func awaitDelivered(t testing.TB, c *consumer, pubs []*crashtest.Publisher, d time.Duration) {
+func awaitDelivered(t testing.TB, c *consumer, pubs *crashtest.Publishers, d time.Duration) {
 	t.Helper()
-	awaitLedger(t, c, crashtest.Ledger{}, d, ledgers(pubs)...)
+	awaitLedger(t, c, crashtest.Ledger{}, d, pubs.Ledgers()...)
 }
 
 // awaitLedger polls c until every id the ledgers confirmed has arrived,

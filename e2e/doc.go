@@ -1,0 +1,20 @@
+// Package e2e is delayproxy's end-to-end suite: whole proxies (delayproxy.New
+// and Run, or the proxy as a child process) in front of the real RabbitMQ,
+// driven by real clients, through the exported API only. It holds tests
+// only.
+//
+// What the suite covers: delayed delivery through the proxy (delayed_*),
+// the service around it: admin API, metrics, logs, TLS, heartbeats
+// (service_*), RabbitMQ's own authorization of delayed publishes
+// (auth_test), and the reliability claims of the README (reliability_*):
+// SIGKILL rounds, RabbitMQ closing connections, a full disk, hostile input,
+// many connections. Tests that stop RabbitMQ or set its memory alarm
+// (TestFault*, fault_*) build only with -tags brokerfaults and run apart,
+// one package at a time:
+//
+//	go test -race -tags brokerfaults -p 1 -run '^TestFault' ./...
+//
+// Shared helpers live beside internal/testbroker: testbroker (the broker),
+// testwait, testcert and crashtest (publishers with a ledger, child
+// processes).
+package e2e

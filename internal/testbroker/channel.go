@@ -1,0 +1,96 @@
+package testbroker
+
+import (
+	"net/url"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// WithChannel runs f on a channel of a fresh connection to the AMQP URL u
+// (the test broker, or a proxy in front of it) and closes the connection
+// after. Any error fails the test (in a t.Cleanup function it ends that
+// function only; the other cleanups still run).
+func WithChannel(t testing.TB, u string, f func(*amqp.Channel) error) {
+	t.Helper()
+	c, err := amqp.Dial(u)
+	if err != nil {
+		t.Fatalf("testbroker: dial %s: %v", redacted(u), err)
+	}
+	defer c.Close()
+	ch, err := c.Channel()
+	if err != nil {
+		t.Fatalf("testbroker: channel.open on %s: %v", redacted(u), err)
+	}
+	if err := f(ch); err != nil {
+		t.Fatalf("testbroker: %v", err)
+	}
+}
+
+// DeleteQueue deletes a queue on the test broker, for t.Cleanup.
+func DeleteQueue(t testing.TB, name string) {
+	t.Helper()
+	WithChannel(t, URL(t), func(ch *amqp.Channel) error {
+		_, err := ch.QueueDelete(name, false, false, false)
+		return err
+	})
+}
+
+// DeleteExchange deletes an exchange on the test broker, for t.Cleanup.
+func DeleteExchange(t testing.TB, name string) {
+	t.Helper()
+	WithChannel(t, URL(t), func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+}
+
+// redacted is u without its password, for messages.
+func redacted(u string) string {
+	pu, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return pu.Redacted()
+}
+
+// Dial connects to the AMQP URL u (the test broker, or a proxy in front of
+// it) as a connection named after the test, so that RabbitMQ's list of
+// connections shows whose it is; it is closed in t.Cleanup.
+func Dial(t testing.TB, u string) *amqp.Connection {
+	t.Helper()
+	c, err := amqp.DialConfig(u, amqp.Config{
+		Properties: amqp.Table{"connection_name": "dp-test " + t.Name()},
+	})
+	if err != nil {
+		t.Fatalf("testbroker: dial %s: %v", redacted(u), err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Channel opens a channel on c.
+func Channel(t testing.TB, c *amqp.Connection) *amqp.Channel {
+	t.Helper()
+	ch, err := c.Channel()
+	if err != nil {
+		t.Fatalf("testbroker: channel.open: %v", err)
+	}
+	return ch
+}
+
+// AwaitClose waits up to d for a channel or connection to close (closed is
+// its NotifyClose channel) and returns the error RabbitMQ or the proxy
+// closed it with; it fails the test if it is still open after d or closed
+// without an error.
+func AwaitClose(t testing.TB, closed <-chan *amqp.Error, d time.Duration) *amqp.Error {
+	t.Helper()
+	select {
+	case e, ok := <-closed:
+		if !ok || e == nil {
+			t.Fatal("testbroker: closed without an error")
+		}
+		return e
+	case <-time.After(d):
+		t.Fatalf("testbroker: still open after %v", d)
+	}
+	return nil
+}

@@ -1,0 +1,36 @@
+// Package testserver serves a server under test on a loopback port for
+// the length of a test.
+package testserver
+
+import (
+	"errors"
+	"net"
+	"testing"
+)
+
+// Server is what Serve runs, such as an amqpproxy.Server.
+type Server interface {
+	Serve(net.Listener) error
+	Close() error
+}
+
+// Serve listens on a loopback port and serves srv there until the end of
+// the test; then it closes srv and checks that Serve returned closed (as
+// errors.Is tells), such as amqpproxy.ErrServerClosed. It returns the
+// address srv listens on.
+func Serve(t testing.TB, srv Server, closed error) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() {
+		srv.Close()
+		if err := <-served; !errors.Is(err, closed) {
+			t.Errorf("Serve returned %v, want %v", err, closed)
+		}
+	})
+	return l.Addr().String()
+}
