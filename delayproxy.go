@@ -14,8 +14,8 @@ import (
 	"github.com/delayproxy/delayproxy/admin"
 	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
-	"github.com/delayproxy/delayproxy/amqpproxy/releaser"
 	"github.com/delayproxy/delayproxy/metrics"
+	"github.com/delayproxy/delayproxy/releaser"
 	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
 )
