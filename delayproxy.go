@@ -83,11 +83,10 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		releaseURL = p.cfg.UpstreamURL
 	}
 	rel, err := releaser.New(releaser.Config{
-		URL:          releaseURL,
-		Lookup:       st.Exchange,
-		OnUnroutable: func(vhost, exchange, key string) { m.Unroutable(1) },
-		OnReconnect:  func(string) { m.UpstreamReconnect() },
-		Logger:       p.log.With("room", "releaser"),
+		URL:      releaseURL,
+		Registry: st,
+		Metrics:  m,
+		Logger:   p.log.With("room", "releaser"),
 	})
 	if err != nil {
 		return err

@@ -6,11 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"sync"
 	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/store"
@@ -18,8 +15,37 @@ import (
 
 // Sentinel errors of the releaser.
 var (
-	// ErrClosed: Release or Ping was called after Close.
+	// ErrClosed: Ping was called after Close (Release and Publish report
+	// every message unconfirmed then).
 	ErrClosed = errors.New("releaser: closed")
+)
+
+// Registry is where the releaser finds the definition of a delayed
+// exchange, to declare its real exchange again when RabbitMQ no longer has
+// it. The store satisfies it.
+type Registry interface {
+	Exchange(vhost, name string) (store.ExchangeDef, bool)
+}
+
+// Metrics counts what the releaser sees. *metrics.Metrics satisfies it.
+type Metrics interface {
+	// Unroutable counts releases RabbitMQ returned: no queue took them.
+	Unroutable(n int)
+	// UpstreamReconnect counts a vhost's connection dialled again after
+	// it was lost.
+	UpstreamReconnect()
+}
+
+// DelayType is the field type of the released x-delay header.
+type DelayType string
+
+const (
+	// DelayInt64 is a signed 64-bit 'l', as RabbitMQ 3.13 and later write
+	// it (the plugin's annotation, written by mc_amqpl). The default.
+	DelayInt64 DelayType = "int64"
+	// DelayInt32 is a signed 32-bit 'I', as the plugin wrote it up to
+	// RabbitMQ 3.12; a delay that does not fit is written as 'l'.
+	DelayInt32 DelayType = "int32"
 )
 
 // Config configures a Releaser.
@@ -32,19 +58,19 @@ type Config struct {
 	// ConfirmTimeout bounds the wait for a batch's confirms; unconfirmed
 	// messages are retried later. Default 30 s.
 	ConfirmTimeout time.Duration
-	// DialTimeout bounds connecting to RabbitMQ. Default 10 s.
+	// DialTimeout bounds connecting to RabbitMQ, handshake included, and
+	// declaring an exchange again. Default 10 s.
 	DialTimeout time.Duration
-	// Heartbeat of the release connections. Default 10 s.
+	// Heartbeat the release connections ask for; RabbitMQ's offer wins
+	// when it is shorter. Default 10 s.
 	Heartbeat time.Duration
-	// Lookup returns the registry's definition of a delayed exchange; used to
-	// declare the real exchange again when RabbitMQ no longer has it.
-	Lookup func(vhost, name string) (store.ExchangeDef, bool)
-	// OnUnroutable is called for each release RabbitMQ returned (no queue
-	// took it). Optional.
-	OnUnroutable func(vhost, exchange, routingKey string)
-	// OnReconnect is called each time a vhost's connection is dialled after
-	// a failure. Optional.
-	OnReconnect func(vhost string)
+	// DelayType is the type of the released x-delay. Default DelayInt64.
+	DelayType DelayType
+	// Registry has the delayed exchanges, to declare a real exchange again
+	// when RabbitMQ lost it. nil: none is declared again.
+	Registry Registry
+	// Metrics receives the counts; nil: none.
+	Metrics Metrics
 	// Name prefixes the connection_name of the release connections
 	// ("<Name> <vhost>"), as RabbitMQ lists them. Default "delayproxy releaser".
 	Name string
@@ -56,27 +82,36 @@ type Config struct {
 // Releaser publishes due messages upstream; see the package doc.
 type Releaser struct {
 	cfg  Config
-	base amqp.URI
+	acct account
 
 	mu      sync.Mutex // guards conns, dialled, failed, dials and closed
-	conns   map[string]*vhostConn
+	conns   map[string]*conn
 	dialled map[string]bool // vhosts connected at least once: a new dial is a reconnect
 	// failed is when a vhost's publish last failed before anything was
-	// confirmed (no connection, a publish error). Batches handed over just
-	// after it are refused rather than published, so that they cannot
-	// overtake the failed one, which the scheduler retries first.
+	// confirmed (no connection, a connection lost with releases in
+	// flight). Batches handed over just after it are refused rather than
+	// published, so that they cannot overtake the failed one, which the
+	// scheduler retries first.
 	failed map[string]time.Time
 	dials  int // dial attempts, for tests
 	closed bool
-	wg     sync.WaitGroup // return and close watchers of every vhostConn
+
+	wg sync.WaitGroup // every goroutine it starts: Warm's dials, each connection's reader and heartbeat
 }
 
-// New checks the URL and returns a Releaser; it dials nothing until the first
+// New checks cfg and returns a Releaser; it dials nothing until the first
 // release.
 func New(cfg Config) (*Releaser, error) {
-	uri, err := amqp.ParseURI(cfg.URL)
+	acct, err := parseAccount(cfg.URL, cfg.TLS)
 	if err != nil {
 		return nil, fmt.Errorf("releaser: release URL: %w", err)
+	}
+	switch cfg.DelayType {
+	case "":
+		cfg.DelayType = DelayInt64
+	case DelayInt64, DelayInt32:
+	default:
+		return nil, fmt.Errorf("releaser: x-delay type %q: want %q or %q", cfg.DelayType, DelayInt64, DelayInt32)
 	}
 	if cfg.ConfirmTimeout <= 0 {
 		cfg.ConfirmTimeout = 30 * time.Second
@@ -93,21 +128,7 @@ func New(cfg Config) (*Releaser, error) {
 	if cfg.Name == "" {
 		cfg.Name = "delayproxy releaser"
 	}
-	return &Releaser{cfg: cfg, base: uri, conns: map[string]*vhostConn{}, dialled: map[string]bool{}, failed: map[string]time.Time{}}, nil
-}
-
-// vhostConn is the release connection and channel of one vhost.
-type vhostConn struct {
-	vhost string
-	conn  *amqp.Connection
-	ch    *amqp.Channel
-	cork  *corkConn // conn's socket, corked around each batch
-	// pub serialises publishing so each batch goes out in order, unbroken.
-	pub sync.Mutex
-	// dead is closed when the channel or connection has closed.
-	dead chan struct{}
-	// closeErr is the reason; written once before dead is closed.
-	closeErr *amqp.Error
+	return &Releaser{cfg: cfg, acct: acct, conns: map[string]*conn{}, dialled: map[string]bool{}, failed: map[string]time.Time{}}, nil
 }
 
 // Release publishes batch in order and reports which messages RabbitMQ
@@ -152,65 +173,29 @@ func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*stor
 	if time.Since(failedAt) < failFast {
 		return func() {} // an earlier batch failed just now: it goes first
 	}
-	vc, err := r.conn(ctx, vhost)
+	c, err := r.conn(ctx, vhost)
 	if err != nil {
 		r.cfg.Logger.Warn("release connection failed", "vhost", vhost, "err", err)
 		r.markFailed(vhost)
 		return func() {}
 	}
-	dcs := make([]*amqp.DeferredConfirmation, len(idx))
-	vc.pub.Lock()
-	vc.cork.cork()
-	for n, i := range idx {
-		m := batch[i]
-		pub, err := publishing(m)
-		if err != nil {
-			// The proxy decoded these properties when it stored the
-			// message, so this is a corrupt record: it can never be
-			// released. Say so loudly and let it go.
-			r.cfg.Logger.Error("discarding stored message with undecodable properties",
-				"vhost", vhost, "exchange", m.Exchange, "key", fmt.Sprintf("%x", m.Key), "err", err)
-			confirmed[i] = true
-			continue
-		}
-		dc, err := vc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.RoutingKey, true, false, pub)
-		if err != nil {
-			r.markFailed(vhost)
-			break // the channel is gone; the rest stay unconfirmed
-		}
-		dcs[n] = dc
+	p, err := c.publish(batch, idx, confirmed)
+	if err != nil {
+		r.markFailed(vhost)
 	}
-	vc.cork.uncork()
-	vc.pub.Unlock()
-
 	return func() {
-		// Confirms of what was published are awaited even when ctx ends: a
-		// message RabbitMQ took must leave the store, or a restart would
-		// release it again.
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout)
-		defer cancel()
-		allOK := true
-		for n, dc := range dcs {
-			if dc == nil {
-				continue
-			}
-			ok, err := dc.WaitContext(wctx)
-			confirmed[idx[n]] = ok && err == nil
-			allOK = allOK && confirmed[idx[n]]
-		}
-		if !allOK && vc.ch.IsClosed() {
-			// amqp091-go fails the pending confirms before the close
-			// watcher records why the channel closed: wait for it, so a
-			// 404 is seen and the exchange declared again.
-			select {
-			case <-vc.dead:
-			case <-time.After(time.Second):
-			}
+		if p != nil {
+			// Confirms of what was written are awaited even when ctx
+			// ends: a message RabbitMQ took must leave the store, or a
+			// restart would release it again.
+			c.confirms.await(p, r.cfg.ConfirmTimeout, confirmed)
 		}
 		select {
-		case <-vc.dead:
-			r.drop(vc)
-			if vc.closeErr != nil && vc.closeErr.Code == amqp.NotFound {
+		case <-c.dead:
+			r.mu.Lock()
+			r.forgetLocked(c)
+			r.mu.Unlock()
+			if e, ok := c.err.(*wire.Error); ok && e.Code == wire.NotFound {
 				r.redeclare(ctx, vhost, batch, idx)
 			}
 		default:
@@ -229,173 +214,52 @@ func (r *Releaser) markFailed(vhost string) {
 	r.mu.Unlock()
 }
 
-// conn returns the live connection of vhost, dialling it if needed.
-func (r *Releaser) conn(ctx context.Context, vhost string) (*vhostConn, error) {
+// conn returns the live connection of vhost, dialling it if needed. When
+// the connection ended with releases in flight, the batch asking is
+// refused: it must not overtake those releases, which the scheduler
+// retries.
+func (r *Releaser) conn(ctx context.Context, vhost string) (*conn, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return nil, ErrClosed
 	}
-	if vc := r.conns[vhost]; vc != nil {
+	if c := r.conns[vhost]; c != nil {
 		select {
-		case <-vc.dead:
+		case <-c.dead:
 		default:
-			return vc, nil
+			return c, nil
 		}
-		r.closeLocked(vc)
+		if r.forgetLocked(c) {
+			return nil, fmt.Errorf("release connection lost with releases in flight: %w", c.err)
+		}
 	}
-	vc, err := r.dial(ctx, vhost)
+	r.dials++
+	c, err := r.dial(ctx, vhost)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("dial vhost %q: %w", vhost, err)
 	}
-	r.conns[vhost] = vc
-	if r.dialled[vhost] && r.cfg.OnReconnect != nil {
-		r.cfg.OnReconnect(vhost)
+	r.conns[vhost] = c
+	if r.dialled[vhost] && r.cfg.Metrics != nil {
+		r.cfg.Metrics.UpstreamReconnect()
 	}
 	r.dialled[vhost] = true
-	return vc, nil
+	return c, nil
 }
 
-func (r *Releaser) dial(ctx context.Context, vhost string) (*vhostConn, error) {
-	r.dials++ // r.mu is held
-	uri := r.base
-	uri.Vhost = vhost
-	cfg := amqp.Config{
-		Heartbeat:       r.cfg.Heartbeat,
-		TLSClientConfig: r.cfg.TLS,
-		Locale:          "en_US",
-		Properties:      amqp.Table{"connection_name": r.cfg.Name + " " + vhost, "product": "delayproxy"},
+// forgetLocked forgets c, which has ended, if it is still its vhost's
+// connection, and reports whether it ended with releases in flight: then
+// the vhost's next batches are refused for failFast, as after any failed
+// publish. r.mu is held.
+func (r *Releaser) forgetLocked(c *conn) (lost bool) {
+	if r.conns[c.vhost] != c {
+		return false
 	}
-	var cork *corkConn
-	dial := amqp.DefaultDial(r.cfg.DialTimeout)
-	cfg.Dial = func(network, addr string) (net.Conn, error) {
-		conn, err := dial(network, addr)
-		if err != nil {
-			return nil, err
-		}
-		cork = &corkConn{Conn: conn}
-		return cork, nil
+	delete(r.conns, c.vhost)
+	if c.lost {
+		r.failed[c.vhost] = time.Now()
 	}
-	type result struct {
-		conn *amqp.Connection
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		c, err := amqp.DialConfig(uri.String(), cfg)
-		done <- result{c, err}
-	}()
-	var res result
-	select {
-	case res = <-done:
-	case <-ctx.Done():
-		go func() { // let the dial finish and close it
-			if res := <-done; res.conn != nil {
-				res.conn.Close()
-			}
-		}()
-		return nil, ctx.Err()
-	}
-	if res.err != nil {
-		return nil, fmt.Errorf("dial vhost %q: %w", vhost, res.err)
-	}
-	ch, err := res.conn.Channel()
-	if err == nil {
-		err = ch.Confirm(false)
-	}
-	if err != nil {
-		res.conn.Close()
-		return nil, fmt.Errorf("open release channel on vhost %q: %w", vhost, err)
-	}
-	vc := &vhostConn{vhost: vhost, conn: res.conn, ch: ch, cork: cork, dead: make(chan struct{})}
-	returns := ch.NotifyReturn(make(chan amqp.Return, 64))
-	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	connClosed := res.conn.NotifyClose(make(chan *amqp.Error, 1))
-	r.wg.Add(2)
-	go func() {
-		defer r.wg.Done()
-		for ret := range returns {
-			r.cfg.Logger.Warn("delayed message unroutable at release",
-				"vhost", vhost, "exchange", ret.Exchange, "routing_key", ret.RoutingKey,
-				"reply", fmt.Sprintf("%d %s", ret.ReplyCode, ret.ReplyText))
-			if r.cfg.OnUnroutable != nil {
-				r.cfg.OnUnroutable(vhost, ret.Exchange, ret.RoutingKey)
-			}
-		}
-	}()
-	go func() {
-		defer r.wg.Done()
-		var e *amqp.Error
-		select {
-		case e = <-chClosed:
-		case e = <-connClosed:
-		}
-		vc.closeErr = e
-		close(vc.dead)
-		if e != nil {
-			r.cfg.Logger.Warn("release connection lost", "vhost", vhost, "err", e)
-		}
-	}()
-	return vc, nil
-}
-
-// drop forgets vc if it is still the vhost's connection, and closes it.
-func (r *Releaser) drop(vc *vhostConn) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.conns[vc.vhost] == vc {
-		delete(r.conns, vc.vhost)
-	}
-	r.closeLocked(vc)
-}
-
-func (r *Releaser) closeLocked(vc *vhostConn) {
-	vc.conn.Close() // the close watcher then closes vc.dead
-}
-
-// redeclare declares again, from the registry, the real exchanges of the
-// messages in idx.
-func (r *Releaser) redeclare(ctx context.Context, vhost string, batch []*store.Message, idx []int) {
-	if r.cfg.Lookup == nil {
-		return
-	}
-	seen := map[string]bool{}
-	for _, i := range idx {
-		name := batch[i].Exchange
-		if seen[name] {
-			continue
-		}
-		seen[name] = true
-		def, ok := r.cfg.Lookup(vhost, name)
-		if !ok {
-			continue
-		}
-		if err := r.declare(ctx, def); err != nil {
-			r.cfg.Logger.Warn("cannot declare missing exchange again", "vhost", vhost, "exchange", name, "err", err)
-			continue
-		}
-		r.cfg.Logger.Info("declared missing exchange again from the registry", "vhost", vhost, "exchange", name, "type", def.DelayedType)
-	}
-}
-
-// declare declares the real exchange of a delayed exchange upstream.
-func (r *Releaser) declare(ctx context.Context, def store.ExchangeDef) error {
-	vc, err := r.conn(ctx, def.VHost)
-	if err != nil {
-		return err
-	}
-	// The real exchange carries the declared arguments, x-delayed-type
-	// included, exactly as the proxy declared it for the client.
-	args, err := tableOf(wire.Table(def.Arguments))
-	if err != nil {
-		return err
-	}
-	ch, err := vc.conn.Channel()
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	return ch.ExchangeDeclare(def.Name, def.DelayedType, def.Durable, def.AutoDelete, def.Internal, false, args)
+	return c.lost
 }
 
 // Warm dials the connections of vhosts in the background, so that the
@@ -417,15 +281,20 @@ func (r *Releaser) Ping(ctx context.Context, vhost string) error {
 	return err
 }
 
-// Close closes every connection and waits for their watchers.
+// Close closes every connection (connection.close, then close-ok or a
+// second at most) and waits for every goroutine the Releaser started.
 func (r *Releaser) Close() error {
 	r.mu.Lock()
 	r.closed = true
-	for v, vc := range r.conns {
-		r.closeLocked(vc)
+	conns := make([]*conn, 0, len(r.conns))
+	for v, c := range r.conns {
+		conns = append(conns, c)
 		delete(r.conns, v)
 	}
 	r.mu.Unlock()
+	for _, c := range conns {
+		c.close(ErrClosed)
+	}
 	r.wg.Wait()
 	return nil
 }

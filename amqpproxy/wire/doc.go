@@ -11,8 +11,8 @@
 //     anything is sliced or allocated; a frame header that declares 4 GiB
 //     costs memory only for the bytes that actually arrive.
 //   - Tables that are not interpreted stay raw bytes (Table) and pass
-//     byte-exact: Table.Set, Table.Delete and SetHeader copy every entry and
-//     property they do not touch unchanged.
+//     byte-exact: AppendWithHeader copies every entry and property it does
+//     not touch unchanged.
 //   - Decoded Tables and []byte fields alias the buffer they came from
 //     (a Reader reuses its buffer at the next ReadFrame); strings are copies.
 //   - Errors of the protocol are *Error carrying the reply code RabbitMQ uses
@@ -22,9 +22,9 @@
 //     method (RabbitMQ drops the TCP connection there without a close); 505
 //     UNEXPECTED_FRAME for a heartbeat on a channel other than 0. errors.Is
 //     finds the sentinel (ErrShort, ErrTrailing, ...) inside.
-//   - Encoders never fail and never panic: Method.Append and
-//     Properties.Append cut a shortstr over 255 bytes on a UTF-8 boundary;
-//     AppendMethodChecked and Properties.Check refuse such values instead.
+//   - Encoders never fail and never panic: Method.Append cuts a shortstr
+//     over 255 bytes on a UTF-8 boundary; AppendMethodChecked refuses such
+//     values instead.
 //
 // # Hot path
 //
