@@ -192,9 +192,7 @@ func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*stor
 		}
 		select {
 		case <-c.dead:
-			r.mu.Lock()
-			r.forgetLocked(c)
-			r.mu.Unlock()
+			r.drop(c)
 			if e, ok := c.err.(*wire.Error); ok && e.Code == wire.NotFound {
 				r.redeclare(ctx, vhost, batch, idx)
 			}
@@ -215,9 +213,9 @@ func (r *Releaser) markFailed(vhost string) {
 }
 
 // conn returns the live connection of vhost, dialling it if needed. When
-// the connection ended with releases in flight, the batch asking is
-// refused: it must not overtake those releases, which the scheduler
-// retries.
+// the connection ended with releases in flight and their wait has not
+// dropped it yet, the batch asking is refused as after a failed publish:
+// it must not overtake those releases, which the scheduler retries.
 func (r *Releaser) conn(ctx context.Context, vhost string) (*conn, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -230,7 +228,9 @@ func (r *Releaser) conn(ctx context.Context, vhost string) (*conn, error) {
 		default:
 			return c, nil
 		}
-		if r.forgetLocked(c) {
+		delete(r.conns, vhost)
+		if c.lost {
+			r.failed[vhost] = time.Now()
 			return nil, fmt.Errorf("release connection lost with releases in flight: %w", c.err)
 		}
 	}
@@ -247,19 +247,13 @@ func (r *Releaser) conn(ctx context.Context, vhost string) (*conn, error) {
 	return c, nil
 }
 
-// forgetLocked forgets c, which has ended, if it is still its vhost's
-// connection, and reports whether it ended with releases in flight: then
-// the vhost's next batches are refused for failFast, as after any failed
-// publish. r.mu is held.
-func (r *Releaser) forgetLocked(c *conn) (lost bool) {
-	if r.conns[c.vhost] != c {
-		return false
+// drop forgets c, which has ended, if it is still its vhost's connection.
+func (r *Releaser) drop(c *conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conns[c.vhost] == c {
+		delete(r.conns, c.vhost)
 	}
-	delete(r.conns, c.vhost)
-	if c.lost {
-		r.failed[c.vhost] = time.Now()
-	}
-	return c.lost
 }
 
 // Warm dials the connections of vhosts in the background, so that the
