@@ -113,10 +113,6 @@ func (c *conn) publish(batch []*store.Message, idx []int, confirmed []bool) (*pe
 func (c *conn) send(ch uint16, m wire.Method) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	return c.sendLocked(ch, m)
-}
-
-func (c *conn) sendLocked(ch uint16, m wire.Method) error {
 	c.ctl = wire.AppendFrame(c.ctl[:0], wire.Frame{Type: wire.FrameMethod, Channel: ch, Payload: wire.AppendMethod(nil, m)})
 	if _, err := c.sock.Write(c.ctl); err != nil {
 		return err
