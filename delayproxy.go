@@ -14,8 +14,8 @@ import (
 	"github.com/delayproxy/delayproxy/admin"
 	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
-	"github.com/delayproxy/delayproxy/amqpproxy/releaser"
 	"github.com/delayproxy/delayproxy/metrics"
+	"github.com/delayproxy/delayproxy/releaser"
 	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
 	"github.com/delayproxy/delayproxy/store/boltstore"
@@ -93,11 +93,10 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	}
 
 	rel, err := releaser.New(releaser.Config{
-		URL:          p.cfg.ReleaseAccountURL(),
-		Lookup:       st.Exchange,
-		OnUnroutable: func(vhost, exchange, key string) { m.Unroutable(1) },
-		OnReconnect:  func(string) { m.UpstreamReconnect() },
-		Logger:       p.log.With("room", "releaser"),
+		URL:      p.cfg.ReleaseAccountURL(),
+		Registry: st,
+		Metrics:  m,
+		Logger:   p.log.With("room", "releaser"),
 	})
 	if err != nil {
 		return err

@@ -64,7 +64,7 @@ func dialBroker(t *testing.T) *brokerConn {
 	if !ok || err != nil {
 		t.Fatalf("server capabilities: %v %v", ok, err)
 	}
-	caps, err := v.(Table).Decode()
+	caps, err := decodeTable(v.(Table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func (c *brokerConn) send(ch uint16, m Method) {
 func (c *brokerConn) publish(ch uint16, m *BasicPublish, props Properties, body []byte) {
 	c.t.Helper()
 	p := AppendMethod(nil, m)
-	h := AppendContentHeader(nil, ContentHeader{ClassID: 60, BodySize: uint64(len(body)), Properties: props.Append(nil)})
+	h := AppendContentHeader(nil, ContentHeader{ClassID: 60, BodySize: uint64(len(body)), Properties: appendProperties(nil, props)})
 	for _, f := range []Frame{{Type: FrameMethod, Channel: ch, Payload: p}, {Type: FrameHeader, Channel: ch, Payload: h}, {Type: FrameBody, Channel: ch, Payload: body}} {
 		if err := c.w.WriteFrame(f); err != nil {
 			c.t.Fatal(err)

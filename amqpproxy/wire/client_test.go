@@ -192,7 +192,7 @@ func TestDecodeWhatAmqp091GoWrites(t *testing.T) {
 		t.Fatalf("client properties connection_name: %v %v %v", name, ok, err)
 	}
 	caps, _, _ := startOk.ClientProperties.Get("capabilities")
-	if c, _ := caps.(Table).Decode(); c["publisher_confirms"] != true || c["basic.nack"] != true {
+	if c, _ := decodeTable(caps.(Table)); c["publisher_confirms"] != true || c["basic.nack"] != true {
 		t.Fatalf("client capabilities: %v", c)
 	}
 	if tune, _ := byID[IDConnectionTuneOk].(*ConnectionTuneOk); tune == nil || tune.ChannelMax != 2047 || tune.FrameMax != 131072 {
@@ -205,7 +205,7 @@ func TestDecodeWhatAmqp091GoWrites(t *testing.T) {
 	if decl == nil || decl.Exchange != "delayed" || decl.Type != "x-delayed-message" || !decl.Durable || decl.AutoDelete || decl.NoWait {
 		t.Fatalf("exchange.declare: %+v", decl)
 	}
-	got, err := decl.Arguments.Decode()
+	got, err := decodeTable(decl.Arguments)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestDecodeWhatAmqp091GoWrites(t *testing.T) {
 		t.Fatalf("x-delay = %#v, %v", d, err)
 	}
 	// Our encoding of what we decoded is the client's encoding, byte for byte.
-	if again := p.Append(nil); !reflect.DeepEqual(again, srv.header.Properties) {
+	if again := appendProperties(nil, p); !reflect.DeepEqual(again, srv.header.Properties) {
 		t.Fatalf("properties re-encode:\n%x\n%x", again, srv.header.Properties)
 	}
 	for _, raw := range srv.frames {

@@ -11,9 +11,8 @@
 //     anything is sliced or allocated; a frame header that declares 4 GiB
 //     costs memory only for the bytes that actually arrive.
 //   - Tables that are not interpreted stay raw bytes (Table) and pass
-//     byte-exact (invariant 7 of package delayproxy): an edit of a table or
-//     of a content header's properties copies every entry it does not touch
-//     unchanged.
+//     byte-exact (invariant 7 of package delayproxy): AppendWithHeader
+//     copies every entry and property it does not touch unchanged.
 //   - Decoded Tables and []byte fields alias the buffer they came from
 //     (a Reader reuses its buffer at the next ReadFrame); strings are copies.
 //   - Errors of the protocol are *Error carrying the reply code RabbitMQ 3.10

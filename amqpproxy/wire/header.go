@@ -102,9 +102,8 @@ type Properties struct {
 	UserID          string
 	AppID           string
 	ClusterID       string
-	// Flags says which properties are present (Flag* bits). DecodeProperties
-	// sets it; Append writes every property whose flag is set or whose
-	// value is not zero, so it is needed only for present-but-empty ones.
+	// Flags says which properties are present (Flag* bits), including
+	// present-but-empty ones.
 	Flags uint16
 }
 
@@ -114,25 +113,37 @@ var propKinds = [14]byte{'s', 's', 'F', 'o', 'o', 's', 's', 's', 's', 'T', 's', 
 // propFlag is the flag of property i (0 = content-type).
 func propFlag(i int) uint16 { return 0x8000 >> i }
 
-// propSpans finds each present property in raw (flags words then list):
-// spans[i] is the [start, end) of property i's value, 0,0 when absent. end
-// is where the list ends.
-func propSpans(raw []byte) (flags uint16, spans [14][2]int, end int, err error) {
+// propLayout is where each part of a raw property block (flags words then
+// list) lies: spans[i] is the [start, end) of property i's value, 0,0 when
+// absent; list is where the list starts, after the flags words, and end
+// where it ends.
+type propLayout struct {
+	flags uint16 // the first flags word, without the continuation bit
+	spans [14][2]int
+	list  int
+	end   int
+}
+
+// layout finds each part of raw, checking lengths only: no value is decoded
+// or validated.
+func layout(raw []byte) (propLayout, error) {
+	var l propLayout
 	if len(raw) < 2 {
-		return 0, spans, 0, &Error{Code: FrameError, Text: "properties: no flags word", cause: ErrShort}
+		return l, &Error{Code: FrameError, Text: "properties: no flags word", cause: ErrShort}
 	}
-	flags = binary.BigEndian.Uint16(raw)
+	flags := binary.BigEndian.Uint16(raw)
 	off := 2
 	for cont := flags&FlagContinuation != 0; cont; off += 2 {
 		if len(raw) < off+2 {
-			return 0, spans, 0, &Error{Code: FrameError, Text: "properties: flags continue past the end", cause: ErrShort}
+			return l, &Error{Code: FrameError, Text: "properties: flags continue past the end", cause: ErrShort}
 		}
 		w := binary.BigEndian.Uint16(raw[off:])
 		if w&^FlagContinuation != 0 {
-			return 0, spans, 0, &Error{Code: FrameError, Text: "properties: unknown property in flags word " + strconv.Itoa(off/2+1), cause: ErrFieldType}
+			return l, &Error{Code: FrameError, Text: "properties: unknown property in flags word " + strconv.Itoa(off/2+1), cause: ErrFieldType}
 		}
 		cont = w&FlagContinuation != 0
 	}
+	l.flags, l.list = flags&^FlagContinuation, off
 	for i, kind := range propKinds {
 		if flags&propFlag(i) == 0 {
 			continue
@@ -162,12 +173,22 @@ func propSpans(raw []byte) (flags uint16, spans [14][2]int, end int, err error) 
 			}
 		}
 		if n > len(raw)-off {
-			return 0, spans, 0, &Error{Code: FrameError, Text: "properties: " + propNames[i] + " truncated", cause: ErrShort}
+			return l, &Error{Code: FrameError, Text: "properties: " + propNames[i] + " truncated", cause: ErrShort}
 		}
-		spans[i] = [2]int{off, off + n}
+		l.spans[i] = [2]int{off, off + n}
 		off += n
 	}
-	return flags &^ FlagContinuation, spans, off, nil
+	l.end = off
+	return l, nil
+}
+
+// layoutWhole is layout that also refuses bytes after the list.
+func layoutWhole(raw []byte) (propLayout, error) {
+	l, err := layout(raw)
+	if err == nil && l.end != len(raw) {
+		err = &Error{Code: FrameError, Text: "properties: " + strconv.Itoa(len(raw)-l.end) + " bytes after the list", cause: ErrTrailing}
+	}
+	return l, err
 }
 
 var propNames = [14]string{"content-type", "content-encoding", "headers", "delivery-mode", "priority",
@@ -178,14 +199,12 @@ var propNames = [14]string{"content-type", "content-encoding", "headers", "deliv
 // truncated list, bytes after it, a property flag in a continuation word
 // (basic has no such property), or a malformed headers table.
 func DecodeProperties(raw []byte) (Properties, error) {
-	flags, spans, end, err := propSpans(raw)
+	l, err := layoutWhole(raw)
 	if err != nil {
 		return Properties{}, err
 	}
-	if end != len(raw) {
-		return Properties{}, &Error{Code: FrameError, Text: "properties: " + strconv.Itoa(len(raw)-end) + " bytes after the list", cause: ErrTrailing}
-	}
-	p := Properties{Flags: flags & flagsKnown}
+	spans := l.spans
+	p := Properties{Flags: l.flags & flagsKnown}
 	str := func(i int) string {
 		s := spans[i]
 		if s[1]-s[0] <= 1 {
@@ -221,148 +240,70 @@ func DecodeProperties(raw []byte) (Properties, error) {
 	return p, nil
 }
 
-// present is the flags word Append writes.
-func (p *Properties) present() uint16 {
-	f := p.Flags & flagsKnown
-	set := func(flag uint16, on bool) {
-		if on {
-			f |= flag
-		}
+// AppendWithHeader appends to dst the raw property block props (flags words
+// and list, as in ContentHeader.Properties) with one header set: name =
+// field, where field is a field-table value as it stands in an entry, type
+// code then value ('l' and 8 bytes, say). Everything else is the peer's own
+// bytes: the flags words (with the headers flag set), every other property,
+// every other header entry in its place. The first entry named name takes
+// field where it stands: overwritten in the copy when its value has field's
+// size, so nothing moves, and the headers table rewritten around it
+// otherwise. Later entries of that name are dropped (a consumer decoding
+// into a map would see the last one); with none, the entry goes last. No
+// value is decoded: the block's structure and the headers entries' lengths
+// are checked, not what the entries hold.
+//
+// Errors are *Error: those of DecodeProperties for the block, 501
+// FRAME_ERROR naming headers for an entry that cannot be parsed, 502
+// SYNTAX_ERROR for a name over 255 bytes (ErrTooLong) or a field that is
+// not one well-formed value (ErrBadValue). dst is returned unchanged then.
+func AppendWithHeader(dst, props []byte, name string, field []byte) ([]byte, error) {
+	if len(name) > math.MaxUint8 {
+		return dst, &Error{Code: SyntaxError, Text: "header name of " + strconv.Itoa(len(name)) + " bytes", cause: ErrTooLong}
 	}
-	set(FlagContentType, p.ContentType != "")
-	set(FlagContentEncoding, p.ContentEncoding != "")
-	set(FlagHeaders, len(p.Headers) > 0)
-	set(FlagDeliveryMode, p.DeliveryMode != 0)
-	set(FlagPriority, p.Priority != 0)
-	set(FlagCorrelationID, p.CorrelationID != "")
-	set(FlagReplyTo, p.ReplyTo != "")
-	set(FlagExpiration, p.Expiration != "")
-	set(FlagMessageID, p.MessageID != "")
-	set(FlagTimestamp, p.Timestamp != 0)
-	set(FlagType, p.Type != "")
-	set(FlagUserID, p.UserID != "")
-	set(FlagAppID, p.AppID != "")
-	set(FlagClusterID, p.ClusterID != "")
-	return f
-}
-
-// Append appends the flags word and the property list to dst: one flags
-// word, every property whose flag is set or whose value is not zero.
-// Shortstrs longer than 255 bytes are cut, as Method.Append does; Check
-// reports them.
-func (p *Properties) Append(dst []byte) []byte {
-	f := p.present()
-	dst = binary.BigEndian.AppendUint16(dst, f)
-	if f&FlagContentType != 0 {
-		dst = appendShortstr(dst, p.ContentType)
+	if err := checkField(field); err != nil {
+		return dst, err
 	}
-	if f&FlagContentEncoding != 0 {
-		dst = appendShortstr(dst, p.ContentEncoding)
-	}
-	if f&FlagHeaders != 0 {
-		dst = appendTable(dst, p.Headers)
-	}
-	if f&FlagDeliveryMode != 0 {
-		dst = append(dst, p.DeliveryMode)
-	}
-	if f&FlagPriority != 0 {
-		dst = append(dst, p.Priority)
-	}
-	if f&FlagCorrelationID != 0 {
-		dst = appendShortstr(dst, p.CorrelationID)
-	}
-	if f&FlagReplyTo != 0 {
-		dst = appendShortstr(dst, p.ReplyTo)
-	}
-	if f&FlagExpiration != 0 {
-		dst = appendShortstr(dst, p.Expiration)
-	}
-	if f&FlagMessageID != 0 {
-		dst = appendShortstr(dst, p.MessageID)
-	}
-	if f&FlagTimestamp != 0 {
-		dst = appendLonglong(dst, p.Timestamp)
-	}
-	if f&FlagType != 0 {
-		dst = appendShortstr(dst, p.Type)
-	}
-	if f&FlagUserID != 0 {
-		dst = appendShortstr(dst, p.UserID)
-	}
-	if f&FlagAppID != 0 {
-		dst = appendShortstr(dst, p.AppID)
-	}
-	if f&FlagClusterID != 0 {
-		dst = appendShortstr(dst, p.ClusterID)
-	}
-	return dst
-}
-
-// Check reports a property Append could not encode faithfully: a shortstr
-// over 255 bytes or an invalid headers table (ErrTooLong, or the table's
-// error).
-func (p *Properties) Check() error {
-	for _, s := range [...]struct{ name, v string }{
-		{"content-type", p.ContentType}, {"content-encoding", p.ContentEncoding},
-		{"correlation-id", p.CorrelationID}, {"reply-to", p.ReplyTo},
-		{"expiration", p.Expiration}, {"message-id", p.MessageID}, {"type", p.Type},
-		{"user-id", p.UserID}, {"app-id", p.AppID}, {"cluster-id", p.ClusterID},
-	} {
-		if err := checkShortstr(s.name, s.v); err != nil {
-			return err
-		}
-	}
-	return checkTable("headers", p.Headers)
-}
-
-// SetHeader returns a new raw property block (flags and list) in which
-// headers[name] = v (v encoded as Table.Set does; an int64 is a signed
-// 'l'). Every other property and every other header is copied byte-exact;
-// the flags are written as one word. rawProps is not modified. Errors are
-// those of DecodeProperties, or ErrTooLong/ErrBadValue for name and v.
-func SetHeader(rawProps []byte, name string, v any) ([]byte, error) {
-	flags, spans, end, err := propSpans(rawProps)
+	l, err := layoutWhole(props)
 	if err != nil {
-		return nil, err
+		return dst, err
 	}
-	if end != len(rawProps) {
-		return nil, &Error{Code: FrameError, Text: "properties: " + strconv.Itoa(len(rawProps)-end) + " bytes after the list", cause: ErrTrailing}
-	}
+	h := l.spans[2] // headers: 4-byte length, then the entries
 	var old Table
-	if s := spans[2]; s[1]-s[0] > 4 {
-		old = Table(rawProps[s[0]+4 : s[1] : s[1]])
+	if h[1]-h[0] > 4 {
+		old = Table(props[h[0]+4 : h[1]])
 	}
-	// The list before headers is content-type and content-encoding; the
-	// rest follows headers.
-	listStart := end
-	for _, s := range spans {
+	at, size, found, again, err := old.find(name)
+	if err != nil {
+		return dst, entryError([]byte("headers"), err)
+	}
+	if found && !again && size == len(field) {
+		n := len(dst)
+		dst = append(dst, props...)
+		copy(dst[n+h[0]+4+at:], field)
+		return dst, nil
+	}
+	// The headers table is rewritten; what precedes it (flags words,
+	// content-type, content-encoding) and what follows is copied.
+	before := l.list
+	for _, s := range l.spans[:2] {
 		if s[1] > s[0] {
-			listStart = s[0]
-			break
-		}
-	}
-	before := listStart
-	for i := 0; i < 2; i++ {
-		if s := spans[i]; s[1] > s[0] {
 			before = s[1]
 		}
 	}
 	after := before
-	if s := spans[2]; s[1] > s[0] {
-		after = s[1]
+	if h[1] > h[0] {
+		after = h[1]
 	}
-	out := make([]byte, 0, 2+(end-listStart)+len(name)+32)
-	out = binary.BigEndian.AppendUint16(out, flags|FlagHeaders)
-	out = append(out, rawProps[listStart:before]...)
-	out = append(out, 0, 0, 0, 0)
-	start := len(out)
-	if out, err = old.appendSet(out, name, v); err != nil {
-		return nil, err
+	n := len(dst)
+	dst = append(dst, props[:before]...)
+	dst[n] |= byte(FlagHeaders >> 8)
+	dst = append(dst, 0, 0, 0, 0)
+	start := len(dst)
+	dst = old.appendWith(dst, name, field)
+	if uint64(len(dst)-start) > math.MaxUint32 {
+		return dst[:n], &Error{Code: SyntaxError, Text: "headers table of " + strconv.Itoa(len(dst)-start) + " bytes", cause: ErrTooLong}
 	}
-	if uint64(len(out)-start) > math.MaxUint32 {
-		return nil, ErrTooLong
-	}
-	binary.BigEndian.PutUint32(out[start-4:start], uint32(len(out)-start))
-	out = append(out, rawProps[after:end]...)
-	return out, nil
+	binary.BigEndian.PutUint32(dst[start-4:start], uint32(len(dst)-start))
+	return append(dst, props[after:l.end]...), nil
 }

@@ -2,8 +2,8 @@ package wire
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -68,7 +68,7 @@ func TestPropertiesEachFlag(t *testing.T) {
 		// Only property i, set through its value and also present-but-empty.
 		var p Properties
 		reflect.ValueOf(&p).Elem().Field(i).Set(fields.Field(i))
-		raw := p.Append(nil)
+		raw := appendProperties(nil, p)
 		if f := uint16(raw[0])<<8 | uint16(raw[1]); f != flag {
 			t.Fatalf("%s: flags %04x, want %04x", propNames[i], f, flag)
 		}
@@ -85,24 +85,24 @@ func TestPropertiesEachFlag(t *testing.T) {
 		assertCode(t, err, FrameError, ErrTrailing)
 
 		empty := Properties{Flags: flag}
-		got, err = DecodeProperties(empty.Append(nil))
+		got, err = DecodeProperties(appendProperties(nil, empty))
 		if err != nil || !reflect.DeepEqual(got, empty) {
 			t.Fatalf("%s present but empty: %+v, %v", propNames[i], got, err)
 		}
 	}
-	raw := full.Append(nil)
+	raw := appendProperties(nil, full)
 	got, err := DecodeProperties(raw)
 	if err != nil || !reflect.DeepEqual(got, full) {
 		t.Fatalf("all properties: %+v, %v", got, err)
 	}
-	if again := got.Append(nil); !bytes.Equal(again, raw) {
+	if again := appendProperties(nil, got); !bytes.Equal(again, raw) {
 		t.Fatal("all properties: re-encode differs")
 	}
 }
 
 func TestPropertiesWireBytes(t *testing.T) {
 	p := Properties{ContentType: "a", DeliveryMode: 2, Timestamp: 1}
-	if got := hex.EncodeToString(p.Append(nil)); got != "9040"+"0161"+"02"+"0000000000000001" {
+	if got := hex.EncodeToString(appendProperties(nil, p)); got != "9040"+"0161"+"02"+"0000000000000001" {
 		t.Fatalf("got %s", got)
 	}
 }
@@ -131,77 +131,144 @@ func TestPropertiesFlagWords(t *testing.T) {
 	assertCode(t, err, FrameError, ErrShort)
 }
 
-func TestPropertiesCheck(t *testing.T) {
-	p := fullProperties(t)
-	if err := p.Check(); err != nil {
-		t.Fatal(err)
+func TestAppendWithHeader(t *testing.T) {
+	// Entries with encodings we would never produce ourselves: a shortstr
+	// code 's' used as int16, a decimal, a nested table with unsorted keys,
+	// a duplicate key. Everything but x-delay must pass untouched.
+	zz := entryHex("zz", "730102")
+	delayI := entryHex("x-delay", "49000003e8") // 'I' 1000
+	delayL := entryHex("x-delay", "6c00000000000003e8")
+	nested := entryHex("n", "4600000008"+entryHex("q", "4201")+entryHex("a", "4202"))
+	dec := entryHex("dec", "4402fffffec6")
+	dupBool := entryHex("x-delay", "7401")
+	long := "6cfffffffffffffc18" // 'l' -1000
+	int32 := "49fffffc18"        // 'I' -1000
+	table := func(entries ...string) string {
+		s := strings.Join(entries, "")
+		return hex.EncodeToString([]byte{0, 0, 0, byte(len(s) / 2)}) + s
 	}
-	p.ReplyTo = strings.Repeat("r", 256)
-	if err := p.Check(); !errors.Is(err, ErrTooLong) {
-		t.Fatalf("Check = %v", err)
+	before := "e800" + "0161" + "0167"    // content-type a, content-encoding g, headers, priority
+	beforeNoH := "c800" + "0161" + "0167" // the same without headers
+	after := "05"
+	tests := []struct {
+		name      string
+		props     string
+		field     string
+		want      string
+		sameBytes bool // patched in place: only the value's bytes differ
+	}{
+		{"same width: patched in place", before + table(zz, delayL, nested, dec) + after, long,
+			before + table(zz, entryHex("x-delay", long), nested, dec) + after, true},
+		{"'I' to 'l': table rewritten around it", before + table(zz, delayI, nested, dec) + after, long,
+			before + table(zz, entryHex("x-delay", long), nested, dec) + after, false},
+		{"'I' stays 'I'", before + table(zz, delayI, nested) + after, int32,
+			before + table(zz, entryHex("x-delay", int32), nested) + after, true},
+		{"a later duplicate is dropped", before + table(delayL, zz, dupBool, dec) + after, long,
+			before + table(entryHex("x-delay", long), zz, dec) + after, false},
+		{"no x-delay: appended last", before + table(zz, dec) + after, long,
+			before + table(zz, dec, entryHex("x-delay", long)) + after, false},
+		{"no headers: table inserted after content-encoding", beforeNoH + after, long,
+			before + table(entryHex("x-delay", long)) + after, false},
+		{"empty headers table", before + "00000000" + after, long,
+			before + table(entryHex("x-delay", long)) + after, false},
+		{"nothing at all", "0000", int32, "2000" + table(entryHex("x-delay", int32)), false},
+		{"continuation word and unused bit 1 kept", "8003" + "0000" + "0161", long,
+			"a003" + "0000" + "0161" + table(entryHex("x-delay", long)), false},
+		{"only properties after headers", "0800" + "07", long,
+			"2800" + table(entryHex("x-delay", long)) + "07", false},
 	}
-	p = Properties{Headers: Table{1, 'k', 'Z'}}
-	if err := p.Check(); !errors.Is(err, ErrFieldType) {
-		t.Fatalf("Check = %v", err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			props, field := mustHex(t, tt.props), mustHex(t, tt.field)
+			orig := bytes.Clone(props)
+			prefix := []byte("dst")
+			got, err := AppendWithHeader(prefix, props, "x-delay", field)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(props, orig) {
+				t.Fatal("AppendWithHeader modified its input")
+			}
+			if !bytes.HasPrefix(got, prefix) {
+				t.Fatal("dst was not kept")
+			}
+			if g := hex.EncodeToString(got[len(prefix):]); g != tt.want {
+				t.Fatalf("got  %s\nwant %s", g, tt.want)
+			}
+			if _, err := DecodeProperties(got[len(prefix):]); err != nil {
+				t.Fatalf("result does not decode: %v", err)
+			}
+			if tt.sameBytes != (len(got)-len(prefix) == len(props)) {
+				t.Fatalf("in place = %v, want %v", !tt.sameBytes, tt.sameBytes)
+			}
+			if tt.sameBytes {
+				dst := make([]byte, 0, len(props))
+				if n := testing.AllocsPerRun(100, func() { AppendWithHeader(dst[:0], props, "x-delay", field) }); n != 0 {
+					t.Errorf("patching in place allocates %v times", n)
+				}
+			}
+		})
 	}
+
+	bad := []struct {
+		name, props, field string
+		code               uint16
+		sentinel           error
+	}{
+		{"no flags word", "", long, FrameError, ErrShort},
+		{"half a flags word", "80", long, FrameError, ErrShort},
+		{"property missing", "8000", long, FrameError, ErrShort},
+		{"bytes after the list", "8000016100", long, FrameError, ErrTrailing},
+		{"headers entry cut short", "2000" + "00000003" + "016b49", long, FrameError, ErrShort},
+		{"unknown type in headers", "2000" + "00000003" + "016b5a", long, FrameError, ErrFieldType},
+		{"empty field", "0000", "", SyntaxError, ErrBadValue},
+		{"unknown field type", "0000", "5a", SyntaxError, ErrBadValue},
+		{"field cut short", "0000", "6c0000", SyntaxError, ErrBadValue},
+		{"bytes after the field", "0000", "740100", SyntaxError, ErrBadValue},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			dst := []byte("dst")
+			got, err := AppendWithHeader(dst, mustHex(t, tt.props), "x-delay", mustHex(t, tt.field))
+			assertCode(t, err, tt.code, tt.sentinel)
+			if string(got) != "dst" {
+				t.Fatalf("dst changed on error: %q", got)
+			}
+		})
+	}
+	_, err := AppendWithHeader(nil, mustHex(t, "0000"), strings.Repeat("k", 256), mustHex(t, long))
+	assertCode(t, err, SyntaxError, ErrTooLong)
 }
 
-func TestSetHeader(t *testing.T) {
-	full := fullProperties(t)
-	raw := full.Append(nil)
-	orig := bytes.Clone(raw)
-	out, err := SetHeader(raw, "x-delay", int64(-1500))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(raw, orig) {
-		t.Fatal("SetHeader modified its input")
-	}
-	got, err := DecodeProperties(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v, _, _ := got.Headers.Get("x-delay"); v != int64(-1500) {
-		t.Fatalf("x-delay = %#v", v)
-	}
-	want := full
-	want.Headers, _ = full.Headers.Set("x-delay", int64(-1500))
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("other properties changed:\n got %+v\nwant %+v", got, want)
-	}
-	// The bytes around the headers are the original bytes.
-	hs := 2 + 1 + len(full.ContentType) + 1 + len(full.ContentEncoding)
-	oldEnd := hs + 4 + len(full.Headers)
-	newEnd := hs + 4 + len(want.Headers)
-	if !bytes.Equal(out[:hs], raw[:hs]) || !bytes.Equal(out[newEnd:], raw[oldEnd:]) {
-		t.Fatal("bytes outside the headers table changed")
-	}
-
-	// No headers before: the flag is set and the table inserted in its place.
-	p := Properties{ContentType: "a", Priority: 3}
-	out, err = SetHeader(p.Append(nil), "x-delay", int64(-5))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := hex.EncodeToString(out), "a800"+"0161"+"00000011"+entryHex("x-delay", "6cfffffffffffffffb")+"03"; got != want {
-		t.Fatalf("got  %s\nwant %s", got, want)
-	}
-	// Nothing at all before.
-	out, err = SetHeader(mustHex(t, "0000"), "k", true)
-	if err != nil || hex.EncodeToString(out) != "2000"+"00000004"+entryHex("k", "7401") {
-		t.Fatalf("empty: %x, %v", out, err)
-	}
-	// An empty continuation word is dropped: one flags word comes out.
-	out, err = SetHeader(mustHex(t, "8001"+"0000"+"0161"), "k", true)
-	if err != nil || hex.EncodeToString(out) != "a000"+"0161"+"00000004"+entryHex("k", "7401") {
-		t.Fatalf("continuation: %x, %v", out, err)
-	}
-	for _, bad := range []string{"", "80", "8000", "8000016100"} {
-		if _, err := SetHeader(mustHex(t, bad), "k", true); err == nil {
-			t.Errorf("SetHeader(%s) accepted", bad)
+// appendProperties encodes p as clients do: one flags word, and every
+// property whose flag is set or whose value is not zero.
+func appendProperties(dst []byte, p Properties) []byte {
+	strs := [14]string{0: p.ContentType, 1: p.ContentEncoding, 5: p.CorrelationID, 6: p.ReplyTo,
+		7: p.Expiration, 8: p.MessageID, 10: p.Type, 11: p.UserID, 12: p.AppID, 13: p.ClusterID}
+	set := [14]bool{2: len(p.Headers) > 0, 3: p.DeliveryMode != 0, 4: p.Priority != 0, 9: p.Timestamp != 0}
+	flags := p.Flags & flagsKnown
+	for i := range 14 {
+		if strs[i] != "" || set[i] {
+			flags |= propFlag(i)
 		}
 	}
-	if _, err := SetHeader(mustHex(t, "0000"), "k", struct{}{}); !errors.Is(err, ErrBadValue) {
-		t.Errorf("bad value: %v", err)
+	dst = binary.BigEndian.AppendUint16(dst, flags)
+	for i, kind := range propKinds {
+		if flags&propFlag(i) == 0 {
+			continue
+		}
+		switch {
+		case kind == 's':
+			dst = appendShortstr(dst, strs[i])
+		case kind == 'F':
+			dst = appendTable(dst, p.Headers)
+		case i == 3:
+			dst = append(dst, p.DeliveryMode)
+		case i == 4:
+			dst = append(dst, p.Priority)
+		case kind == 'T':
+			dst = appendLonglong(dst, p.Timestamp)
+		}
 	}
+	return dst
 }

@@ -16,11 +16,10 @@ const MaxTableDepth = 64
 // Table is an AMQP field table: its entries exactly as on the wire, without
 // the 4-byte length prefix that precedes them in a method or a property
 // list. nil is the empty table. A decoded Table aliases the payload it came
-// from; Set and Delete return new tables and leave every entry they do not
-// touch byte-exact.
+// from; AppendWithHeader leaves every entry it does not touch byte-exact.
 //
 // Field types follow RabbitMQ (rabbit_binary_parser and the 0-9-1 errata),
-// with the Go type each decodes to:
+// with the Go type Get decodes each to:
 //
 //	t bool      b int8     B uint8    s int16 (not shortstr)   u uint16
 //	I int32     i uint32   l int64    f float32   d float64
@@ -178,30 +177,6 @@ func (t Table) Get(name string) (any, bool, error) {
 	return nil, false, nil
 }
 
-// Decode decodes every entry. When a name repeats, the first entry wins, as
-// Get and RabbitMQ's table lookup do.
-func (t Table) Decode() (map[string]any, error) {
-	if err := t.Validate(); err != nil {
-		return nil, err
-	}
-	m := make(map[string]any)
-	for off := 0; off < len(t); {
-		e, err := t.next(off, false)
-		if err != nil {
-			return nil, err
-		}
-		if _, dup := m[string(e.name)]; !dup {
-			v, err := decodeValue(e.typ, e.val, 0)
-			if err != nil {
-				return nil, entryError(e.name, err)
-			}
-			m[string(e.name)] = v
-		}
-		off = e.end
-	}
-	return m, nil
-}
-
 // decodeValue decodes one value whose extent valueSize already checked.
 func decodeValue(typ byte, v []byte, depth int) (any, error) {
 	switch typ {
@@ -267,66 +242,75 @@ func decodeArray(b []byte, depth int) ([]any, error) {
 	return out, nil
 }
 
-// Delete returns a new table without the entries named in names; the other
-// entries are copied byte-exact. If t is malformed, everything from the
-// first entry that cannot be parsed on is kept as it is.
-func (t Table) Delete(names ...string) Table {
-	out := make(Table, 0, len(t))
-	off := 0
-	for off < len(t) {
-		e, err := t.next(off, false)
-		if err != nil {
-			break
-		}
-		if !slices.Contains(names, string(e.name)) {
-			out = append(out, t[off:e.end]...)
-		}
-		off = e.end
-	}
-	out = append(out, t[off:]...)
-	if len(out) == 0 {
-		return nil
-	}
-	return out
-}
-
-// Set returns a new table where name has value v: the first entry of that
-// name is replaced in place, later duplicates are dropped, and if there was
-// none the entry is appended. Every other entry is copied byte-exact. t must
-// be well-formed up to the entries it keeps.
-func (t Table) Set(name string, v any) (Table, error) {
-	out, err := t.appendSet(make(Table, 0, len(t)+len(name)+16), name, v)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// appendSet appends the entries of t.Set(name, v) to dst.
-func (t Table) appendSet(dst []byte, name string, v any) ([]byte, error) {
-	if len(name) > math.MaxUint8 {
-		return nil, &Error{Code: SyntaxError, Text: "table entry name of " + strconv.Itoa(len(name)) + " bytes", cause: ErrTooLong}
-	}
-	done := false
+// find locates the first entry named name: its value, type code included,
+// is t[at:at+n]. again reports another entry of that name after it. It
+// parses entries' lengths only, failing as Validate does on one that cannot
+// be parsed.
+func (t Table) find(name string) (at, n int, found, again bool, err error) {
 	for off := 0; off < len(t); {
 		e, err := t.next(off, false)
 		if err != nil {
-			return nil, err
+			return 0, 0, false, false, err
 		}
+		if string(e.name) == name {
+			if found {
+				return at, n, true, true, nil
+			}
+			at, n, found = off+1+len(e.name), e.end-off-1-len(e.name), true
+		}
+		off = e.end
+	}
+	return at, n, found, false, nil
+}
+
+// appendWith appends t's entries to dst with name = field (a type code and
+// its value): the first entry of that name takes field in its place, later
+// ones are dropped, and without one the entry goes last. Every other entry
+// is copied byte-exact. t must parse (find checked it).
+func (t Table) appendWith(dst []byte, name string, field []byte) []byte {
+	done := false
+	for off := 0; off < len(t); {
+		e, _ := t.next(off, false)
 		if string(e.name) != name {
 			dst = append(dst, t[off:e.end]...)
 		} else if !done {
-			if dst, err = appendEntry(dst, name, v); err != nil {
-				return nil, err
-			}
+			dst = appendRawEntry(dst, name, field)
 			done = true
 		}
 		off = e.end
 	}
 	if !done {
-		return appendEntry(dst, name, v)
+		dst = appendRawEntry(dst, name, field)
 	}
-	return dst, nil
+	return dst
+}
+
+// appendRawEntry appends an entry whose value is already encoded; name is
+// at most 255 bytes.
+func appendRawEntry(dst []byte, name string, field []byte) []byte {
+	dst = append(dst, byte(len(name)))
+	dst = append(dst, name...)
+	return append(dst, field...)
+}
+
+// checkField reports whether field is exactly one well-formed value: a type
+// code and the value it sizes, nested tables and arrays valid.
+func checkField(field []byte) error {
+	if len(field) == 0 {
+		return &Error{Code: SyntaxError, Text: "empty field value", cause: ErrBadValue}
+	}
+	n, err := valueSize(field[0], field[1:], 0, true)
+	if err != nil {
+		text := err.Error()
+		if e, ok := err.(*Error); ok {
+			text = e.Text
+		}
+		return &Error{Code: SyntaxError, Text: "field value: " + text, cause: ErrBadValue}
+	}
+	if n != len(field)-1 {
+		return &Error{Code: SyntaxError, Text: "field value: " + strconv.Itoa(len(field)-1-n) + " bytes after it", cause: ErrBadValue}
+	}
+	return nil
 }
 
 // EncodeTable encodes m with its keys in sorted order, so equal maps give
@@ -349,10 +333,6 @@ func encodeTable(dst []byte, m map[string]any, depth int) ([]byte, error) {
 		}
 	}
 	return dst, nil
-}
-
-func appendEntry(dst []byte, name string, v any) ([]byte, error) {
-	return appendEntryDepth(dst, name, v, 0)
 }
 
 func appendEntryDepth(dst []byte, name string, v any, depth int) ([]byte, error) {

@@ -10,12 +10,29 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 
-	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/store"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// counts is a Metrics that counts.
+type counts struct{ unroutable, reconnects atomic.Int64 }
+
+func (c *counts) Unroutable(n int)   { c.unroutable.Add(int64(n)) }
+func (c *counts) UpstreamReconnect() { c.reconnects.Add(1) }
+
+// registry is a Registry of the given delayed exchanges.
+type registry []store.ExchangeDef
+
+func (r registry) Exchange(vhost, name string) (store.ExchangeDef, bool) {
+	for _, d := range r {
+		if d.VHost == vhost && d.Name == name {
+			return d, true
+		}
+	}
+	return store.ExchangeDef{}, false
+}
 
 // fixture is a real exchange and queue in RabbitMQ, bound with key "k".
 type fixture struct {
@@ -73,12 +90,13 @@ func (f *fixture) get(t *testing.T) amqp.Delivery {
 	return amqp.Delivery{}
 }
 
-func message(t *testing.T, exchange, key string, delay int64, p wire.Properties, body string) *store.Message {
-	t.Helper()
+// message is a stored release of body to exchange with key, delayed by
+// delay ms, with the raw properties props.
+func message(exchange, key string, delay int64, props []byte, body string) *store.Message {
 	return &store.Message{
 		VHost: "/", Exchange: exchange, RoutingKey: key,
-		Properties: p.Append(nil), Body: []byte(body),
-		Delay: delay, Due: time.Now().UnixMilli(), Priority: p.Priority,
+		Properties: props, Body: []byte(body),
+		Delay: delay, Due: time.Now().UnixMilli(),
 	}
 }
 
@@ -96,16 +114,12 @@ func newReleaser(t *testing.T, cfg Config) *Releaser {
 func TestReleaseKeepsMessageAndSetsNegativeDelay(t *testing.T) {
 	f := newFixture(t, "direct")
 	r := newReleaser(t, Config{})
-	headers, err := wire.EncodeTable(map[string]any{"x-delay": int32(1500), "app": "yes", "n": int64(7)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := wire.Properties{
-		Flags:       wire.FlagContentType | wire.FlagHeaders | wire.FlagDeliveryMode | wire.FlagPriority | wire.FlagMessageID | wire.FlagTimestamp | wire.FlagAppID,
-		ContentType: "text/plain", Headers: headers, DeliveryMode: 2, Priority: 3,
-		MessageID: "m-1", Timestamp: 1700000000, AppID: "tests",
-	}
-	got := r.Release(context.Background(), []*store.Message{message(t, f.exchange, "k", 1500, p, "hello")})
+	p := properties(
+		contentType("text/plain"),
+		headers(entry("x-delay", 'I', be32(1500)), entry("app", 'S', longstr("yes")), entry("n", 'l', be64(7))),
+		deliveryMode(2), priority(3), messageID("m-1"), timestamp(1700000000), appID("tests"),
+	)
+	got := r.Release(context.Background(), []*store.Message{message(f.exchange, "k", 1500, p, "hello")})
 	if !got[0] {
 		t.Fatal("release not confirmed")
 	}
@@ -124,16 +138,15 @@ func TestReleaseKeepsMessageAndSetsNegativeDelay(t *testing.T) {
 
 func TestReleaseOrderAndUnroutable(t *testing.T) {
 	f := newFixture(t, "direct")
-	var unroutable atomic.Int64
-	r := newReleaser(t, Config{OnUnroutable: func(vhost, exchange, key string) { unroutable.Add(1) }})
+	var m counts
+	r := newReleaser(t, Config{Metrics: &m})
 	var batch []*store.Message
 	for i := range 20 {
 		key := "k"
 		if i%5 == 4 {
 			key = "nobody-binds-this"
 		}
-		p := wire.Properties{Flags: wire.FlagMessageID, MessageID: fmt.Sprint(i)}
-		batch = append(batch, message(t, f.exchange, key, 10, p, fmt.Sprint(i)))
+		batch = append(batch, message(f.exchange, key, 10, properties(messageID(fmt.Sprint(i))), fmt.Sprint(i)))
 	}
 	got := r.Release(context.Background(), batch)
 	for i, ok := range got {
@@ -150,10 +163,10 @@ func TestReleaseOrderAndUnroutable(t *testing.T) {
 		}
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for unroutable.Load() != 4 && time.Now().Before(deadline) {
+	for m.unroutable.Load() != 4 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if n := unroutable.Load(); n != 4 {
+	if n := m.unroutable.Load(); n != 4 {
 		t.Fatalf("unroutable = %d, want 4", n)
 	}
 }
@@ -161,11 +174,11 @@ func TestReleaseOrderAndUnroutable(t *testing.T) {
 func TestReleaseDeclaresMissingExchangeFromRegistry(t *testing.T) {
 	f := newFixture(t, "topic")
 	def := store.ExchangeDef{VHost: "/", Name: f.exchange + "-gone", DelayedType: "topic"}
-	def.Arguments, _ = wire.EncodeTable(map[string]any{"x-delayed-type": "topic"})
-	r := newReleaser(t, Config{Lookup: func(vhost, name string) (store.ExchangeDef, bool) {
-		return def, vhost == def.VHost && name == def.Name
-	}})
-	m := message(t, def.Name, "k", 5, wire.Properties{}, "late")
+	// An argument of a type amqp091-go would not write ('s', int16): the
+	// declare carries the client's bytes.
+	def.Arguments = concat(entry("x-delayed-type", 'S', longstr("topic")), entry("x-custom", 's', []byte{0, 7}))
+	r := newReleaser(t, Config{Registry: registry{def}})
+	m := message(def.Name, "k", 5, properties(), "late")
 	if got := r.Release(context.Background(), []*store.Message{m}); got[0] {
 		t.Fatal("release to a missing exchange reported confirmed")
 	}
@@ -197,8 +210,8 @@ func TestReleaseUnreachableReportsUnconfirmed(t *testing.T) {
 func TestReleaseReconnectsAfterBrokerClosesConnection(t *testing.T) {
 	f := newFixture(t, "direct")
 	name := fmt.Sprintf("releaser-test-%d", time.Now().UnixNano())
-	var reconnects atomic.Int64
-	r := newReleaser(t, Config{Name: name, OnReconnect: func(string) { reconnects.Add(1) }})
+	var counts counts
+	r := newReleaser(t, Config{Name: name, Metrics: &counts})
 	r.Warm(context.Background(), "/")
 	deadline := time.Now().Add(10 * time.Second)
 	for testbroker.CloseConnections(t, name) == 0 {
@@ -207,7 +220,7 @@ func TestReleaseReconnectsAfterBrokerClosesConnection(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	m := message(t, f.exchange, "k", 10, wire.Properties{}, "after-close")
+	m := message(f.exchange, "k", 10, properties(), "after-close")
 	var ok bool
 	for attempt := 0; attempt < 3 && !ok; attempt++ {
 		ok = r.Release(context.Background(), []*store.Message{m})[0]
@@ -218,7 +231,7 @@ func TestReleaseReconnectsAfterBrokerClosesConnection(t *testing.T) {
 	if d := f.get(t); string(d.Body) != "after-close" {
 		t.Fatalf("got %q", d.Body)
 	}
-	if n := reconnects.Load(); n != 1 {
+	if n := counts.reconnects.Load(); n != 1 {
 		t.Fatalf("reconnects = %d, want 1", n)
 	}
 }
@@ -230,7 +243,7 @@ func TestPublishPipelinesBatchesInOrder(t *testing.T) {
 	for b := range 5 {
 		var batch []*store.Message
 		for i := range 10 {
-			batch = append(batch, message(t, f.exchange, "k", 10, wire.Properties{}, fmt.Sprint(b*10+i)))
+			batch = append(batch, message(f.exchange, "k", 10, properties(), fmt.Sprint(b*10+i)))
 		}
 		waits = append(waits, r.Publish(context.Background(), batch)) // no wait in between
 	}
