@@ -296,8 +296,8 @@ func TestCLIErrors(t *testing.T) {
 		code   int
 		stderr string
 	}{
-		{"unreachable", withToken, []string{"exchanges", "--server", "127.0.0.1:" + crashtest.FreePort(t)}, exitUnreachable, "cannot reach delayproxy at http://127.0.0.1:"},
-		{"unreachable, messages", withToken, []string{"messages", "count", ex, "--server", "http://127.0.0.1:" + crashtest.FreePort(t)}, exitUnreachable, "connection refused"},
+		{"unreachable", withToken, []string{"exchanges", "--server", crashtest.FreePort(t)}, exitUnreachable, "cannot reach delayproxy at http://127.0.0.1:"},
+		{"unreachable, messages", withToken, []string{"messages", "count", ex, "--server", "http://" + crashtest.FreePort(t)}, exitUnreachable, "connection refused"},
 		{"no token", nil, []string{"exchanges"}, exitUnauthorized, "the server wants the admin token: set DELAYPROXY_ADMIN_TOKEN or pass --admin-token-file"},
 		{"no token, cancel", nil, []string{"messages", "cancel", ex, "--all", "--yes"}, exitUnauthorized, "wants the admin token"},
 		{"wrong token", wrong, []string{"upcoming"}, exitUnauthorized, "the server refused the admin token from DELAYPROXY_ADMIN_TOKEN"},
