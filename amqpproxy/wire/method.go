@@ -224,34 +224,4 @@ func appendLongstr(dst []byte, b []byte) []byte {
 // appendTable appends the table's length and its raw entries.
 func appendTable(dst []byte, t Table) []byte { return appendLongstr(dst, t) }
 
-// checkShortstr, checkLongstr and checkTable report a field that an
-// encoder would cut or could not encode faithfully (Properties.Check).
-func checkShortstr(field, s string) error {
-	if len(s) > math.MaxUint8 {
-		return &Error{Code: SyntaxError, Text: field + ": shortstr of " + strconv.Itoa(len(s)) + " bytes", cause: ErrTooLong}
-	}
-	return nil
-}
-
-func checkLongstr(field string, n int) error {
-	if uint64(n) > math.MaxUint32 {
-		return &Error{Code: SyntaxError, Text: field + ": longstr of " + strconv.Itoa(n) + " bytes", cause: ErrTooLong}
-	}
-	return nil
-}
-
-func checkTable(field string, t Table) error {
-	if err := checkLongstr(field, len(t)); err != nil {
-		return err
-	}
-	if err := t.Validate(); err != nil {
-		text := err.Error()
-		if e, ok := err.(*Error); ok {
-			text = e.Text
-		}
-		return &Error{Code: SyntaxError, Text: field + ": " + text, cause: err}
-	}
-	return nil
-}
-
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
