@@ -61,6 +61,11 @@ type Config struct {
 	AdminToken string
 	// ReleaseRate caps releases per second; 0 means unlimited.
 	ReleaseRate float64
+	// ReleasedDelayType is the field type of x-delay on a released message:
+	// "int64" (a signed 64-bit 'l', what the plugin writes from RabbitMQ
+	// 3.13) or "int32" (a signed 32-bit 'I', what it wrote up to 3.12; 'l'
+	// where the value does not fit).
+	ReleasedDelayType string
 	// MaxDelay is the largest x-delay accepted; larger ones are refused
 	// with 406 PRECONDITION_FAILED.
 	MaxDelay time.Duration
@@ -84,17 +89,18 @@ type Config struct {
 // 3.10.
 func DefaultConfig() Config {
 	return Config{
-		ListenAddr:       ":5673",
-		UpstreamURL:      "amqp://guest:guest@localhost:5672/",
-		DataDir:          "./data",
-		HTTPAddr:         "127.0.0.1:15673",
-		MaxDelay:         10 * year,
-		MaxMessageSize:   DefaultMaxMessageSize,
-		HandshakeTimeout: 10 * time.Second, // RabbitMQ handshake_timeout
-		Heartbeat:        60 * time.Second, // RabbitMQ heartbeat
-		ShutdownGrace:    30 * time.Second,
-		LogLevel:         "info",
-		LogFormat:        "text",
+		ListenAddr:        ":5673",
+		UpstreamURL:       "amqp://guest:guest@localhost:5672/",
+		DataDir:           "./data",
+		HTTPAddr:          "127.0.0.1:15673",
+		MaxDelay:          10 * year,
+		ReleasedDelayType: "int64",
+		MaxMessageSize:    DefaultMaxMessageSize,
+		HandshakeTimeout:  10 * time.Second, // RabbitMQ handshake_timeout
+		Heartbeat:         60 * time.Second, // RabbitMQ heartbeat
+		ShutdownGrace:     30 * time.Second,
+		LogLevel:          "info",
+		LogFormat:         "text",
 	}
 }
 
@@ -146,6 +152,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReleaseRate < 0 || math.IsNaN(c.ReleaseRate) || math.IsInf(c.ReleaseRate, 0) {
 		return bad("release-rate", "must be a finite number >= 0, got %v", c.ReleaseRate)
+	}
+	if c.ReleasedDelayType != "int64" && c.ReleasedDelayType != "int32" {
+		return bad("released-delay-type", "%q is not one of int64, int32", c.ReleasedDelayType)
 	}
 	if c.MaxDelay <= 0 {
 		return bad("max-delay", "must be > 0, got %s", formatDuration(c.MaxDelay))

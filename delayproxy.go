@@ -93,10 +93,11 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	}
 
 	rel, err := releaser.New(releaser.Config{
-		URL:      p.cfg.ReleaseAccountURL(),
-		Registry: st,
-		Metrics:  m,
-		Logger:   p.log.With("room", "releaser"),
+		URL:       p.cfg.ReleaseAccountURL(),
+		DelayType: releaser.DelayType(p.cfg.ReleasedDelayType),
+		Registry:  st,
+		Metrics:   m,
+		Logger:    p.log.With("room", "releaser"),
 	})
 	if err != nil {
 		return err
