@@ -226,13 +226,9 @@ func dialUpstream(ctx context.Context, rawURL string) error {
 const MaxReleasesInFlight = 4096
 
 // ReleaseDeleteLinger is how long released messages wait before they are
-// deleted from the store, so that one commit (one fsync) deletes many. The
-// store marks a released message instead of rewriting its slot, so a commit
-// costs about what it deletes: at 10,000 releases/s, 20 ms gave commits of
-// 2.8-4.5 ms on average and an end-to-end p99 of 5.6-11 ms; 200 ms gave
-// commits of 20-22 ms, each a stall for RabbitMQ on a shared machine, and a
-// p99 of 12-19 ms. A crash releases them again: at most
-// 5×MaxReleasesInFlight, as without it.
+// deleted from the store, so that one commit (one fsync) deletes many. A
+// crash releases them again (invariant 2): at most 5×MaxReleasesInFlight.
+// docs/scheduler.md has the measurements behind the value.
 const ReleaseDeleteLinger = 20 * time.Millisecond
 
 // vhostsOf lists the distinct vhosts of the delayed exchanges.
