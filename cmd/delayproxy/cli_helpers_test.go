@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -15,8 +13,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testlog"
+	"github.com/delayproxy/delayproxy/internal/testproxy"
 )
 
 // The operator commands are tested against a real proxy run in-process
@@ -34,41 +33,15 @@ type cliProxy struct {
 // startCLIProxy runs a proxy until the test ends.
 func startCLIProxy(t *testing.T) *cliProxy {
 	t.Helper()
-	cfg := delayproxy.DefaultConfig()
-	cfg.ListenAddr = "127.0.0.1:0"
-	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.UpstreamURL = testbroker.URL(t)
-	cfg.DataDir = t.TempDir()
+	cfg := testproxy.Config(t)
 	cfg.AdminToken = cliToken
-	cfg.ShutdownGrace = 5 * time.Second
-	p, err := delayproxy.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
+	r := testproxy.Start(t, cfg, testlog.New())
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Errorf("proxy Run: %v", err)
 		}
 	})
-	select {
-	case <-p.Ready():
-	case err := <-done:
-		done <- err // for the cleanup
-		t.Fatalf("proxy stopped at start: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("proxy not ready after 30 s")
-	}
-	amqpAddr, httpAddr := p.Addrs()
-	u, err := url.Parse(cfg.UpstreamURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Host = amqpAddr.String()
-	return &cliProxy{httpAddr: httpAddr.String(), amqpURL: u.String()}
+	return &cliProxy{httpAddr: strings.TrimPrefix(r.HTTP(), "http://"), amqpURL: r.URL()}
 }
 
 // delayedMsg is a message to publish with a delay.
@@ -84,26 +57,8 @@ type delayedMsg struct {
 func (p *cliProxy) declareAndPublish(t *testing.T, msgs ...delayedMsg) string {
 	t.Helper()
 	name := testbroker.UniqueName(t, "cli")
-	t.Cleanup(func() {
-		conn, err := amqp.Dial(testbroker.URL(t))
-		if err != nil {
-			t.Errorf("cleanup: %v", err)
-			return
-		}
-		defer conn.Close()
-		if ch, err := conn.Channel(); err == nil {
-			_ = ch.ExchangeDelete(name, false, false)
-		}
-	})
-	conn, err := amqp.Dial(p.amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
+	ch := testbroker.Channel(t, testbroker.Dial(t, p.amqpURL))
 	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "direct"}); err != nil {
 		t.Fatalf("declare %s: %v", name, err)
 	}
@@ -114,16 +69,7 @@ func (p *cliProxy) declareAndPublish(t *testing.T, msgs ...delayedMsg) string {
 // publishMore publishes more messages to an exchange of declareAndPublish.
 func (p *cliProxy) publishMore(t *testing.T, name string, msgs ...delayedMsg) {
 	t.Helper()
-	conn, err := amqp.Dial(p.amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.publish(t, ch, name, msgs...)
+	p.publish(t, testbroker.Channel(t, testbroker.Dial(t, p.amqpURL)), name, msgs...)
 }
 
 func (p *cliProxy) publish(t *testing.T, ch *amqp.Channel, name string, msgs ...delayedMsg) {
