@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
-	"net/url"
 	"runtime"
 	"syscall"
 	"testing"
@@ -26,19 +24,6 @@ import (
 // (channels beyond the negotiated channel_max refused with RabbitMQ's 530
 // and text, although the proxy keeps one upstream channel for itself),
 // TestBadProtocolHeader, and FuzzClientFrames.
-
-// addrOf is the host:port of an AMQP URL.
-func addrOf(t testing.TB, rawURL string) string {
-	t.Helper()
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u.Port() == "" {
-		return net.JoinHostPort(u.Hostname(), "5672")
-	}
-	return u.Host
-}
 
 // rawDialT dials addr raw, with a 20 s deadline on everything; closed in
 // t.Cleanup.
@@ -84,7 +69,7 @@ func TestReliabilityHostile_HandshakeTimeout(t *testing.T) {
 	t.Parallel()
 	const timeout = time.Second
 	tp := startProxy(t, func(c *delayproxy.Config) { c.HandshakeTimeout = timeout })
-	addr := addrOf(t, tp.URL())
+	addr := testbroker.Addr(t, tp.URL())
 	startOk := func(c *rawamqp.Conn) error {
 		return c.Send(0, &wire.ConnectionStartOk{Mechanism: "PLAIN", Response: []byte("\x00guest\x00guest"), Locale: "en_US"})
 	}
@@ -162,8 +147,8 @@ func TestReliabilityHostile_HugeFrame(t *testing.T) {
 	tp := startProxy(t, nil)
 	huge := []byte{wire.FrameMethod, 0, 1, 0xFF, 0xFF, 0xFF, 0xF0, 1, 2, 3, 4, 5, 6, 7, 8}
 	for _, target := range []struct{ name, addr string }{
-		{"rabbitmq", addrOf(t, testbroker.URL(t))},
-		{"proxy", addrOf(t, tp.URL())},
+		{"rabbitmq", testbroker.Addr(t, testbroker.URL(t))},
+		{"proxy", testbroker.Addr(t, tp.URL())},
 	} {
 		t.Run("after handshake/"+target.name, func(t *testing.T) {
 			c := rawDialT(t, target.addr)
@@ -189,7 +174,7 @@ func TestReliabilityHostile_HugeFrame(t *testing.T) {
 	}
 	// During the handshake the proxy hangs up at once, without a word.
 	// (RabbitMQ 3.10 hangs up too, about 3 s later.)
-	c := rawDialT(t, addrOf(t, tp.URL()))
+	c := rawDialT(t, testbroker.Addr(t, tp.URL()))
 	if err := c.Raw(wire.ProtocolHeader[:]); err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +229,7 @@ func TestReliabilityHostile_Garbage(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var answers [2]string
-			for i, addr := range []string{addrOf(t, testbroker.URL(t)), addrOf(t, tp.URL())} {
+			for i, addr := range []string{testbroker.Addr(t, testbroker.URL(t)), testbroker.Addr(t, tp.URL())} {
 				c := rawDialT(t, addr)
 				if err := c.Open(rawamqp.Login{}); err != nil {
 					t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
-	"net"
 	"net/url"
 	"reflect"
 	"testing"
@@ -71,11 +70,7 @@ func getRaw(t *testing.T, queue string) (props, body []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	host := u.Host
-	if u.Port() == "" {
-		host = net.JoinHostPort(u.Hostname(), "5672")
-	}
-	c, err := rawamqp.Dial(host, 5*time.Second)
+	c, err := rawamqp.Dial(testbroker.Addr(t, u.String()), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,11 +38,7 @@ func dialBroker(t *testing.T) *brokerConn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	host := u.Host
-	if u.Port() == "" {
-		host = net.JoinHostPort(u.Hostname(), "5672")
-	}
-	conn, err := net.DialTimeout("tcp", host, 5*time.Second)
+	conn, err := net.DialTimeout("tcp", testbroker.Addr(t, u.String()), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

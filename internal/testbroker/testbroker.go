@@ -29,24 +29,30 @@ func URL(t testing.TB) string {
 	if u == "" {
 		u = DefaultURL
 	}
-	pu, err := url.Parse(u)
-	if err != nil {
-		t.Fatalf("testbroker: AMQP_URL %q: %v", u, err)
-	}
-	host := pu.Host
-	if pu.Port() == "" {
-		port := "5672"
-		if pu.Scheme == "amqps" {
-			port = "5671"
-		}
-		host = net.JoinHostPort(pu.Hostname(), port)
-	}
+	host := Addr(t, u)
 	c, err := net.DialTimeout("tcp", host, 5*time.Second)
 	if err != nil {
 		t.Fatalf("testbroker: RabbitMQ at %s is not reachable (start it with `rabbitmq-server -detached`): %v", host, err)
 	}
 	c.Close()
 	return u
+}
+
+// Addr is the host:port of an AMQP URL, with AMQP's default ports.
+func Addr(t testing.TB, rawURL string) string {
+	t.Helper()
+	pu, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatalf("testbroker: AMQP URL %q: %v", redacted(rawURL), err)
+	}
+	if pu.Port() != "" {
+		return pu.Host
+	}
+	port := "5672"
+	if pu.Scheme == "amqps" {
+		port = "5671"
+	}
+	return net.JoinHostPort(pu.Hostname(), port)
 }
 
 // UniqueName is an exchange or queue name no other test, run or machine
