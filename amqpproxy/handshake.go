@@ -272,7 +272,7 @@ func (s *session) handshake(ctx context.Context) bool {
 	}
 	limit := cfg.WriteQueueBytes
 	s.cw = &writer{conn: s.clientConn, w: cw, q: newOutQueue(limit), toClient: true, beat: beat, metrics: cfg.Metrics, arena: &s.uArena,
-		fail: func(err error) { s.stop(fmt.Errorf("writing to client: %w", err)) }}
+		fail: func(err error) { s.stop(fmt.Errorf("writing to client: %w", err)) }, keepOpen: s.keepClientOpen}
 	s.uw = &writer{conn: up, w: uw, q: newOutQueue(limit), beat: beat, metrics: cfg.Metrics, arena: &s.cArena,
 		fail: func(err error) { s.upstreamReadFailed(fmt.Errorf("writing upstream: %w", err)) }}
 	attrs := []any{"heartbeat", int(tuneOk.Heartbeat), "frame_max", int(tuneOk.FrameMax), "channel_max", int(tuneOk.ChannelMax)}

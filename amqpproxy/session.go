@@ -59,6 +59,9 @@ type session struct {
 	reason   error      // why the session ended, first one wins
 	aborted  bool       // Server.Close: conns are closed, dial nothing more
 	openSent bool       // the handshake is sending (or sent) connection.open-ok
+	// lingering: the client is sent connection.close-ok; its socket stays
+	// open, read and dropped, until it hangs up (see linger).
+	lingering bool
 
 	// handshook is closed when the handshake returned; after it, cw and uw
 	// are set if the handshake succeeded.
@@ -135,6 +138,48 @@ func (s *session) run() {
 	})
 	if s.hooks != nil {
 		s.hooks.Closed(s.endReason())
+	}
+	s.linger()
+}
+
+// answeredClientClose records that connection.close-ok to the client's
+// connection.close is queued: the session will linger.
+func (s *session) answeredClientClose() {
+	s.mu.Lock()
+	s.lingering = true
+	s.mu.Unlock()
+}
+
+// keepClientOpen is the client writer's keepOpen: once close-ok to the
+// client's connection.close is written, the socket stays open for the
+// close timeout, as RabbitMQ keeps it (rabbit_reader's closed state: it
+// reads and drops until the client hangs up or its timer fires). Closing
+// at once would race the client's own shutdown (amqp091-go reports 501
+// "EOF") and reset a socket holding bytes the client sent after its close.
+func (s *session) keepClientOpen() bool {
+	s.mu.Lock()
+	l := s.lingering
+	s.mu.Unlock()
+	if l {
+		s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
+	}
+	return l
+}
+
+// linger reads and drops the client's bytes, when the session lingers,
+// until the client hangs up or the deadline keepClientOpen set passes.
+func (s *session) linger() {
+	s.mu.Lock()
+	l := s.lingering
+	s.mu.Unlock()
+	if !l {
+		return
+	}
+	buf := make([]byte, 4<<10)
+	for {
+		if _, err := s.cr.Buffered().Read(buf); err != nil {
+			return
+		}
 	}
 }
 

@@ -42,6 +42,7 @@ func (s *session) upstreamReadFailed(err error) {
 		s.sendTo(clientSide, connCloseFrame(&wire.Error{Code: wire.ConnectionForced, Text: "delayproxy: " + reason}))
 		s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
 	case connClientClosing:
+		s.answeredClientClose()
 		s.sendTo(clientSide, methodFrame(nil, 0, &wire.ConnectionCloseOk{}))
 		s.stop(errClientClosed)
 	case connUpstreamClosing:
