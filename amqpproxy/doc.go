@@ -116,8 +116,12 @@
 //   - Close a channel: Channel.CloseChannel(code, text) from any goroutine
 //     closes the channel upstream first, then tells the client with code
 //     and text and waits for its close-ok; pending confirms and replies of
-//     the channel are never sent. Conn.Close(code, text) closes the
-//     connection the same way.
+//     the channel are never sent. A channel.close of the client's that
+//     crosses it is answered after it with close-ok, as RabbitMQ answers
+//     one after its own channel error; and a client's channel.close waits
+//     while publishes taken over on the channel are unanswered, so that a
+//     refusal reaches a client that publishes and closes in one write.
+//     Conn.Close(code, text) closes the connection the same way.
 //   - tx: Channel.TxMode tells a publish hook to keep taken-over messages
 //     with the transaction; hooks on tx.commit (Relay with onReply: store,
 //     then r.Pass() or r.CloseChannel(506, ...)) and tx.rollback (drop)

@@ -211,7 +211,7 @@ func (p *Publish) Relay() {
 	}
 	p.relayed = true
 	p.Channel.s.relayPublish(p)
-	p.Channel.s.publishAnswered()
+	p.Channel.s.publishAnswered(p.Channel)
 }
 
 // Ack confirms the publish to the client (basic.ack with its tag) when the
@@ -229,7 +229,7 @@ func (p *Publish) CloseChannel(code uint16, text string) {
 		return
 	}
 	p.Channel.closeByProxy(&wire.Error{Code: code, Text: text, ClassID: 60, MethodID: 40})
-	p.Channel.s.publishAnswered()
+	p.Channel.s.publishAnswered(p.Channel)
 }
 
 func (p *Publish) finish(nack bool) {
@@ -239,5 +239,5 @@ func (p *Publish) finish(nack bool) {
 	if p.Tag != 0 {
 		p.Channel.s.cw.q.pushNow(outItem{kind: itemLocalConfirm, ch: p.Channel, tag: p.Tag, nack: nack})
 	}
-	p.Channel.s.publishAnswered()
+	p.Channel.s.publishAnswered(p.Channel)
 }

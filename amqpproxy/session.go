@@ -299,8 +299,20 @@ func (s *session) poke() {
 	}
 }
 
-// publishAnswered records that a publish handed to the hooks was answered.
-func (s *session) publishAnswered() {
+// publishAnswered records that a publish handed to the hooks on ch was
+// answered; the last answer on ch applies the client's channel.close
+// held until then (clientChannelClose). Any goroutine.
+func (s *session) publishAnswered(ch *Channel) {
+	ch.mu.Lock()
+	ch.taken--
+	var held []byte
+	if ch.taken == 0 {
+		held, ch.heldClose = ch.heldClose, nil
+	}
+	ch.mu.Unlock()
+	if held != nil {
+		s.applyClientClose(ch, func() bool { return s.uw.q.pushNow(outItem{kind: itemRelay, ch: ch, buf: held}) })
+	}
 	s.hookPending.Add(-1)
 	s.poke()
 }
