@@ -17,6 +17,11 @@
 //     act on (channel lifecycle, confirm and tx select, basic.ack/nack from
 //     RabbitMQ, and the methods an Interceptor asks for). Client
 //     properties, tables and content headers go through byte for byte.
+//   - Clients are greeted with RabbitMQ's own connection.start: the proxy
+//     dials RabbitMQ on the client's protocol header, and passes on its
+//     server properties byte for byte with one key added ("delayproxy" =>
+//     Config.Version), its protocol version and locales, and those of its
+//     mechanisms the proxy relays (PLAIN, AMQPLAIN). See greeting.go.
 //   - Both hops are tuned alike: the client is offered RabbitMQ's own tune
 //     values (channel_max minus one, kept for the proxy's own use upstream:
 //     Conn.ReservedChannel; the heartbeat of Config.Heartbeat, 0 for none),

@@ -52,8 +52,9 @@ type Config struct {
 	// (default 128 MiB, RabbitMQ's max_message_size).
 	MaxMessageSize int
 
-	// Version is advertised to clients as the version server property of
-	// connection.start; empty advertises none.
+	// Version is advertised to clients as the one server property the
+	// proxy adds to RabbitMQ's in connection.start, "delayproxy"; empty
+	// adds none.
 	Version string
 
 	// Logger receives the proxy's logs (default slog.Default()).
@@ -92,11 +93,12 @@ func (noMetrics) PublishTooLarge()       {}
 // Server accepts AMQP 0-9-1 clients and relays each one to its own
 // connection to RabbitMQ.
 type Server struct {
-	cfg   Config
-	up    upstreamAddr
-	log   *slog.Logger
-	props wire.Table
-	tls   *tls.Config
+	cfg Config
+	up  upstreamAddr
+	log *slog.Logger
+	tls *tls.Config
+
+	fallbackProps wire.Table // server properties when RabbitMQ cannot be reached
 
 	ctx    context.Context // canceled by Close: ends dials in progress
 	cancel context.CancelFunc
@@ -154,7 +156,7 @@ func New(cfg Config) (*Server, error) {
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{cfg: cfg, up: up, log: cfg.Logger, props: serverProperties(cfg.Version), tls: tlsConf,
+	return &Server{cfg: cfg, up: up, log: cfg.Logger, tls: tlsConf, fallbackProps: fallbackProperties(cfg.Version),
 		ctx: ctx, cancel: cancel,
 		listeners: map[net.Listener]struct{}{}, sessions: map[*session]struct{}{}}, nil
 }
