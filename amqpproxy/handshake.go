@@ -68,6 +68,7 @@ func (s *session) handshake(ctx context.Context) bool {
 		return false
 	}
 	s.info.User = loginUser(startOk.Mechanism, startOk.Response)
+	s.login = login{mechanism: startOk.Mechanism, response: bytes.Clone(startOk.Response), locale: startOk.Locale}
 	s.info.ClientProperties = wire.Table(bytes.Clone(startOk.ClientProperties))
 	s.log = s.log.With("user", s.info.User)
 	if name, ok, _ := startOk.ClientProperties.Get("connection_name"); ok {
@@ -125,13 +126,6 @@ func (s *session) handshake(ctx context.Context) bool {
 	if hb := cfg.Heartbeat; hb > 0 {
 		offer.Heartbeat = uint16(min(hb/time.Second, math.MaxUint16))
 	}
-	switch tune.ChannelMax {
-	case 0:
-		offer.ChannelMax = 65534
-	case 1:
-	default:
-		offer.ChannelMax = tune.ChannelMax - 1
-	}
 	if err := writeMethod(cw, 0, &offer); err != nil {
 		return false
 	}
@@ -145,12 +139,8 @@ func (s *session) handshake(ctx context.Context) bool {
 		s.log.Info("handshake failed", "step", "tune-ok", "err", err)
 		return false
 	}
-	upTuneOk := tuneOk
-	if c := tuneOk.ChannelMax; c != 0 && c < 65535 && tune.ChannelMax != 1 {
-		upTuneOk.ChannelMax = c + 1
-		s.reserved = c + 1
-	}
-	if err := writeMethod(uw, 0, &upTuneOk); err != nil {
+	// RabbitMQ judges the client's tune-ok as it would judge it directly.
+	if err := writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload})); err != nil {
 		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.hostport, err))
 	}
 
@@ -205,9 +195,7 @@ func (s *session) handshake(ctx context.Context) bool {
 	if frameMax == 0 {
 		frameMax = noLimitFrameMax
 	}
-	s.channelMax = tuneOk.ChannelMax
 	s.info.ChannelMax, s.info.FrameMax, s.info.Heartbeat = tuneOk.ChannelMax, tuneOk.FrameMax, tuneOk.Heartbeat
-	s.info.ReservedChannel = s.reserved
 	s.upMaxBody = int(frameMax) - wire.FrameOverhead
 	s.downMaxBody = s.upMaxBody
 	s.cr.SetMaxFrame(frameMax)
@@ -270,24 +258,12 @@ func upstreamFailed(hostport string, err error) error {
 	return fmt.Errorf("handshake with RabbitMQ at %s failed: %w", hostport, err)
 }
 
-// dialUpstream connects to RabbitMQ (TLS for amqps://) within the handshake
-// deadline and sets up the upstream read side.
+// dialUpstream connects to RabbitMQ within the handshake deadline and
+// sets up the upstream read side.
 func (s *session) dialUpstream(ctx context.Context, deadline time.Time) (net.Conn, error) {
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	d := net.Dialer{Timeout: s.srv.cfg.DialTimeout}
-	c, err := d.DialContext(ctx, "tcp", s.srv.up.hostport)
+	c, err := s.srv.dial(ctx, deadline)
 	if err != nil {
 		return nil, err
-	}
-	setNoDelay(c)
-	if s.srv.up.tls != nil {
-		tc := tls.Client(c, s.srv.up.tls)
-		if err := tc.HandshakeContext(ctx); err != nil {
-			c.Close()
-			return nil, err
-		}
-		c = tc
 	}
 	s.mu.Lock()
 	if s.aborted {
@@ -301,6 +277,27 @@ func (s *session) dialUpstream(ctx context.Context, deadline time.Time) (net.Con
 	s.upstream = &readTimer{Conn: c}
 	s.upstream.setDeadline(deadline)
 	s.ur = wire.NewReader(s.upstream, 128<<10)
+	return c, nil
+}
+
+// dial connects to RabbitMQ (TLS for amqps://) before deadline.
+func (srv *Server) dial(ctx context.Context, deadline time.Time) (net.Conn, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	d := net.Dialer{Timeout: srv.cfg.DialTimeout}
+	c, err := d.DialContext(ctx, "tcp", srv.up.hostport)
+	if err != nil {
+		return nil, err
+	}
+	setNoDelay(c)
+	if srv.up.tls != nil {
+		tc := tls.Client(c, srv.up.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+		c = tc
+	}
 	return c, nil
 }
 
@@ -369,7 +366,7 @@ func writeFrame(w *wire.Writer, frame []byte) error {
 }
 
 // loginUser extracts the user name from a PLAIN or AMQPLAIN response, for
-// logs and the interceptor; the password is never kept.
+// logs and the interceptor.
 func loginUser(mechanism string, resp []byte) string {
 	switch mechanism {
 	case "PLAIN": // authzid NUL authcid NUL password

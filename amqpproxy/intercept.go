@@ -63,12 +63,9 @@ type Conn struct {
 	User             string
 	ClientProperties wire.Table // exactly as the client sent them
 	RemoteAddr       net.Addr
-	ChannelMax       uint16 // negotiated with the client; 0: no limit
+	ChannelMax       uint16 // negotiated on both hops; 0: no limit
 	FrameMax         uint32 // negotiated on both hops
 	Heartbeat        uint16 // seconds, negotiated on both hops; 0: none
-	// ReservedChannel is an upstream channel number no client channel uses,
-	// kept for the proxy's own traffic on this connection.
-	ReservedChannel uint16
 
 	s *session
 }

@@ -226,8 +226,9 @@ func (srv *Server) isClosed() bool {
 func (srv *Server) start(c net.Conn) {
 	setNoDelay(c)
 	id := srv.nextID.Add(1)
-	s := &session{srv: srv, clientConn: c, done: make(chan struct{}), drainSig: make(chan struct{}, 1), handshook: make(chan struct{}),
+	s := &session{srv: srv, clientConn: c, done: make(chan struct{}), drainSig: make(chan struct{}, 1), handshook: make(chan struct{}), probe: newProber(),
 		log: srv.log.With("conn", id, "client", c.RemoteAddr().String())}
+	s.ctx, s.cancel = context.WithCancel(srv.ctx)
 	if srv.tls != nil {
 		s.clientConn = tls.Server(c, srv.tls)
 	}
@@ -256,6 +257,7 @@ func (srv *Server) handle(s *session) {
 		srv.mu.Unlock()
 	}()
 	defer func() {
+		s.cancel()
 		s.clientConn.Close()
 		s.mu.Lock()
 		up := s.upConn

@@ -46,11 +46,10 @@ type session struct {
 	hookMethods map[wire.MethodID]bool
 
 	chans       chanTable
-	open        atomic.Int32 // client channels open (channel_max counts these)
-	channelMax  uint16       // negotiated with the client; 0: none
-	reserved    uint16       // upstream channel kept for the proxy; 0: none
+	open        atomic.Int32 // client channels open
 	upMaxBody   int          // largest body frame payload upstream accepts
 	downMaxBody int          // largest body frame payload the client accepts
+	login       login        // the client's start-ok, for the probe connection
 
 	state atomic.Uint32 // connRunning...; written under mu
 
@@ -71,6 +70,11 @@ type session struct {
 	stopOnce sync.Once
 	wg       sync.WaitGroup // the writers and the upstream reader
 
+	// ctx is canceled by stop, abort and the end of the handler: it ends
+	// the probe connection's dial and probe in progress.
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	cArena, uArena arena // frame copies made by each reader
 
 	// Graceful shutdown (see shutdown): once draining is set, the client
@@ -82,7 +86,7 @@ type session struct {
 	hookPending atomic.Int64
 	drainSig    chan struct{}
 
-	probe probeSlot // publish permission probes on the reserved channel
+	probe prober // publish permission probes, on a connection of their own
 }
 
 // Errors that end sessions, logged and passed to ConnHooks.Closed.
@@ -139,6 +143,7 @@ func (s *session) run() {
 	if s.hooks != nil {
 		s.hooks.Closed(s.endReason())
 	}
+	s.probe.close(s.srv.cfg.CloseTimeout)
 	s.linger()
 }
 
@@ -201,6 +206,7 @@ func (s *session) stop(reason error) {
 		}
 		s.mu.Unlock()
 		close(s.done)
+		s.cancel()
 		deadline := time.Now().Add(s.srv.cfg.CloseTimeout)
 		if s.cw != nil {
 			s.clientConn.SetWriteDeadline(deadline)
@@ -222,10 +228,12 @@ func (s *session) abort() {
 	}
 	up := s.upConn
 	s.mu.Unlock()
+	s.cancel()
 	s.clientConn.Close()
 	if up != nil {
 		up.Close()
 	}
+	s.probe.abort()
 }
 
 // shutdown closes the connection as RabbitMQ does when it stops (320

@@ -65,10 +65,6 @@ func (s *session) fromUpstream(f wire.Frame) bool {
 	if f.Channel == 0 {
 		return s.connFrame(upstreamSide, f)
 	}
-	if f.Channel == s.reserved {
-		s.reservedFrame(f) // the proxy's own: never relayed
-		return true
-	}
 	ch := s.chans.get(f.Channel)
 	if ch == nil {
 		return s.relayDown(f, nil)
