@@ -237,3 +237,31 @@ func TestCloseShutdownWaitsForCloseOk(t *testing.T) {
 		t.Fatalf("Shutdown: %v", err)
 	}
 }
+
+// TestCloseHandshakeRefusalWaitsForCloseOk: when the proxy refuses a
+// connection in its handshake (RabbitMQ unreachable: 320 after start-ok),
+// it drops what the client sends until its close-ok, as RabbitMQ's closed
+// state does, then hangs up.
+func TestCloseHandshakeRefusalWaitsForCloseOk(t *testing.T) {
+	t.Parallel()
+	l := listen(t)
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	p := startProxy(t, Config{Upstream: "amqp://" + addr})
+	c := rawDial(t, p.addr)
+	c.raw(wire.ProtocolHeader[:])
+	c.expect(0, wire.IDConnectionStart)
+	c.send(0, &wire.ConnectionStartOk{Mechanism: "PLAIN", Response: []byte("\x00guest\x00guest"), Locale: "en_US"})
+	if cm := c.expect(0, wire.IDConnectionClose).(*wire.ConnectionClose); cm.ReplyCode != wire.ConnectionForced {
+		t.Fatalf("closed with %+v, want 320", cm)
+	}
+	c.raw(heartbeatFrame)
+	c.send(1, &wire.ChannelOpen{})
+	c.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := c.c.Read(make([]byte, 1)); !isTimeout(err) {
+		t.Fatalf("the proxy hung up before close-ok (read %d bytes, %v)", n, err)
+	}
+	c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	c.send(0, &wire.ConnectionCloseOk{})
+	c.expectHangup()
+}

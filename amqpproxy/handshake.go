@@ -308,7 +308,7 @@ func (s *session) upstreamHandshakeFailed(cw *wire.Writer, err error) bool {
 	e := &wire.Error{Code: wire.ConnectionForced, Text: "delayproxy: " + err.Error()}
 	if writeFrame(cw, connCloseFrame(e)) == nil {
 		s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
-		readMethod(s.cr, wire.IDConnectionCloseOk)
+		awaitCloseOk(s.cr, cw)
 	}
 	return false
 }
@@ -324,8 +324,31 @@ func (s *session) relayHandshakeClose(cw, uw *wire.Writer, payload []byte) {
 		return
 	}
 	s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
-	if f, err := readMethod(s.cr, wire.IDConnectionCloseOk); err == nil {
-		writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload}))
+	if awaitCloseOk(s.cr, cw) {
+		writeMethod(uw, 0, &wire.ConnectionCloseOk{})
+	}
+}
+
+// awaitCloseOk reads, after a connection.close to the client, what the
+// client sends until its close-ok (reported true), dropping everything
+// else but a crossing connection.close, which is answered, as RabbitMQ's
+// closed state does; false when the client hangs up or the deadline set on
+// its socket passes first.
+func awaitCloseOk(r *wire.Reader, w *wire.Writer) bool {
+	for {
+		f, err := r.ReadFrame()
+		if err != nil {
+			return false
+		}
+		if f.Type != wire.FrameMethod || f.Channel != 0 {
+			continue
+		}
+		switch id, _ := wire.PeekMethodID(f.Payload); id {
+		case wire.IDConnectionCloseOk:
+			return true
+		case wire.IDConnectionClose:
+			writeMethod(w, 0, &wire.ConnectionCloseOk{})
+		}
 	}
 }
 

@@ -118,9 +118,9 @@ func TestHandshakeTimeout(t *testing.T) {
 	}
 }
 
-// TestChannelMax: the proxy refuses channels beyond the negotiated
-// channel_max as RabbitMQ does (it keeps one upstream channel for itself,
-// so RabbitMQ alone would not).
+// TestChannelMax: channels beyond the negotiated channel_max are refused
+// as RabbitMQ refuses them (by RabbitMQ: both hops have the client's
+// tuning).
 func TestChannelMax(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
