@@ -119,15 +119,16 @@ func (pc *probeConn) refusedLogin(payload []byte) error {
 	return &wire.Error{Code: cm.ReplyCode, Text: cm.ReplyText}
 }
 
-// probeProperties are the probe connection's client properties: its
-// name (the client's connection_name, marked, so tools that find a
-// client's connections by name find it too), the proxy's product and
-// version, and authentication_failure_close (a refused login is told).
+// probeProperties are the probe connection's client properties: its name
+// ("delayproxy permission probe for" the client's connection_name, so that
+// tools that find a client's connections by the start of their name find
+// the client's alone), the proxy's product and version, and
+// authentication_failure_close (a refused login is told).
 func (s *session) probeProperties() wire.Table {
 	name := "delayproxy permission probe"
 	if v, ok, _ := s.info.ClientProperties.Get("connection_name"); ok {
 		if n, ok := v.(string); ok {
-			name = n + " (" + name + ")"
+			name += " for " + n
 		}
 	}
 	props := map[string]any{"connection_name": name, "product": "delayproxy",

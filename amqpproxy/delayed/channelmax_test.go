@@ -66,8 +66,9 @@ func TestChannelMaxDelayedPublishOnTheLastChannel(t *testing.T) {
 }
 
 // TestProbeConnectionLivesWithTheSession: the probe connection is made on
-// the first delayed publish (none before), logs in as the client (its
-// connection_name follows the client's) and goes when the client's
+// the first delayed publish (none before), is named after the client's
+// (but does not start with its name: tools that find a client's
+// connections by name find the client's alone) and goes when the client's
 // connection does.
 func TestProbeConnectionLivesWithTheSession(t *testing.T) {
 	t.Parallel()
@@ -85,8 +86,8 @@ func TestProbeConnectionLivesWithTheSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := connectionsNamed(t, name); got != 1 {
-		t.Fatalf("%d connections named %s before a delayed publish, want the client's alone", got, name)
+	if named, starting := connectionsNamed(t, name); named != 1 || starting != 1 {
+		t.Fatalf("%d connections named after %s (%d starting with it) before a delayed publish, want the client's alone", named, name, starting)
 	}
 	if err := ch.Publish(ex, "k", false, false, amqp.Publishing{Headers: amqp.Table{"x-delay": int32(60_000)}}); err != nil {
 		t.Fatal(err)
@@ -94,14 +95,14 @@ func TestProbeConnectionLivesWithTheSession(t *testing.T) {
 	if _, err := ch.QueueDeclarePassive(ex, false, false, false, false, nil); err != nil { // a round trip after the publish
 		t.Fatal(err)
 	}
-	if got := connectionsNamed(t, name); got != 2 {
-		t.Fatalf("%d connections named %s after a delayed publish, want the client's and its probe's", got, name)
+	if named, starting := connectionsNamed(t, name); named != 2 || starting != 1 {
+		t.Fatalf("%d connections named after %s (%d starting with it) after a delayed publish, want the client's and its probe's (the client's alone starting with it)", named, name, starting)
 	}
 	if err := conn.Close(); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for connectionsNamed(t, name) != 0 {
+	for named, _ := connectionsNamed(t, name); named != 0; named, _ = connectionsNamed(t, name) {
 		if time.Now().After(deadline) {
 			t.Fatalf("connections named %s still open after the client closed", name)
 		}
@@ -110,12 +111,12 @@ func TestProbeConnectionLivesWithTheSession(t *testing.T) {
 }
 
 // connectionsNamed counts RabbitMQ 3.10's connections whose
-// connection_name starts with prefix.
-func connectionsNamed(t *testing.T, prefix string) int {
+// connection_name has name in it, and those whose name starts with it.
+func connectionsNamed(t *testing.T, name string) (named, starting int) {
 	t.Helper()
 	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "client_properties").CombinedOutput()
 	if err != nil {
 		t.Fatalf("rabbitmqctl list_connections: %v\n%s", err, out)
 	}
-	return strings.Count(string(out), `{"connection_name","`+prefix)
+	return strings.Count(string(out), name+`"}`), strings.Count(string(out), `{"connection_name","`+name)
 }
