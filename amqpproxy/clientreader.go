@@ -232,7 +232,7 @@ func (s *session) applyClientClose(ch *Channel, relay func() bool) bool {
 func (s *session) clientMethodProxyClosing(ch *Channel, id wire.MethodID) {
 	switch id {
 	case wire.IDChannelClose:
-		s.applyClientClose(ch, nil) // never relayed in these states
+		s.applyClientClose(ch, func() bool { return true }) // never relayed in these states
 	case wire.IDChannelCloseOk:
 		if ch.state.Load() == chProxyClosingClient {
 			s.freeChannel(ch)
