@@ -2,10 +2,11 @@ package amqpproxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
+	"time"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 )
@@ -14,8 +15,12 @@ import (
 //
 // A message the proxy takes over is published later by the proxy's own
 // account, so RabbitMQ never judges the client's right to publish it. The
-// proxy asks RabbitMQ instead, on the client's own upstream connection, on
-// the channel no client channel uses (Conn.ReservedChannel):
+// proxy asks RabbitMQ instead, over a connection of its own for the client
+// (probeconn.go): dialled on the first check, logged in with the client's
+// own mechanism and response on the client's vhost, closed with the
+// session. It takes no channel number of the client's connection, so the
+// client is offered RabbitMQ's channel_max; a client that publishes no
+// delayed message costs nothing. On the probe connection's channel 1:
 //
 //	channel.open, tx.select          once, while the channel stays open
 //	basic.publish(exchange, key)     empty body, mandatory=false
@@ -28,36 +33,28 @@ import (
 //
 // RabbitMQ checks write permission on the exchange at basic.publish, then
 // topic permission on the routing key for topic exchanges, and closes the
-// channel at the first failure. Frames on the reserved channel never reach
-// the client.
+// channel at the first failure.
 
 // permCacheSize bounds a connection's cache of allowed (exchange, key)
 // pairs; the cache is emptied when full.
 const permCacheSize = 1024
 
-// emptyContentHeader is a basic content header with body size 0 and no
-// properties.
-var emptyContentHeader = []byte{0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-
 type permKey struct{ exchange, routingKey string }
 
-// prober runs one connection's permission probes.
+// prober runs one session's permission probes.
 type prober struct {
-	// sem (capacity 1) is held by the probe in progress: probes take turns
-	// on the reserved channel.
+	// sem (capacity 1) is held by the probe in progress, which owns pc:
+	// probes take turns on the probe connection.
 	sem chan struct{}
-	// answers receives RabbitMQ's methods on the reserved channel from the
-	// upstream reader, which never blocks on it: a probe has at most three
-	// answers outstanding.
-	answers chan wire.Method
+	pc  *probeConn // nil until dialled, and after it failed
 
-	// open and broken belong to the holder of sem.
-	open   bool  // the reserved channel is open and in tx mode
-	broken error // a probe was abandoned midway: later answers would be out of step
-
-	mu      sync.Mutex // guards allowed
+	mu      sync.Mutex // guards the fields below
 	allowed map[permKey]struct{}
+	active  *probeConn // pc, for abort from another goroutine
+	aborted bool       // Server.Close: dial nothing more, close at once
 }
+
+func newProber() prober { return prober{sem: make(chan struct{}, 1)} }
 
 func (p *prober) cached(k permKey) bool {
 	p.mu.Lock()
@@ -75,120 +72,139 @@ func (p *prober) remember(k permKey) {
 	p.allowed[k] = struct{}{}
 }
 
-// probeSlot holds a session's prober, made on first use.
-type probeSlot struct{ p atomic.Pointer[prober] }
-
-func (s *probeSlot) get() *prober {
-	if p := s.p.Load(); p != nil {
-		return p
-	}
-	s.p.CompareAndSwap(nil, &prober{sem: make(chan struct{}, 1), answers: make(chan wire.Method, 4)})
-	return s.p.Load()
-}
-
 // CheckPublish asks RabbitMQ whether the client's user may publish to
 // exchange with routingKey on this connection's vhost (write permission,
 // and topic permission on the key for topic exchanges). It returns nil
 // when allowed, a *wire.Error with RabbitMQ's code and text when refused
-// (403 ACCESS_REFUSED, or 404 NOT_FOUND when the exchange is missing), or
-// another error when the connection ends or ctx is done first.
+// (403 ACCESS_REFUSED, or 404 NOT_FOUND when the exchange is missing; and
+// RabbitMQ's answer when it refuses the probe connection's login, as
+// for a changed password or a connection limit), or another error when
+// RabbitMQ cannot be asked, the connection ends or ctx is done first.
 //
 // Allowed pairs are cached per connection (up to 1024, then the cache is
 // emptied); refusals are asked again. The routing key matters only for
 // topic exchanges: pass "" for the others so they share one cache entry.
-// A cache miss costs one round trip to RabbitMQ; ConnHooks.Publish may call
-// it (the client's reading waits meanwhile).
+// A cache miss costs one round trip to RabbitMQ, and the first one of a
+// connection a few more (the probe connection's handshake); ConnHooks.Publish
+// may call it (the client's reading waits meanwhile).
 func (c *Conn) CheckPublish(ctx context.Context, exchange, routingKey string) error {
 	return c.s.checkPublish(ctx, exchange, routingKey)
 }
 
 func (s *session) checkPublish(ctx context.Context, exchange, routingKey string) error {
-	p := s.probe.get()
+	p := &s.probe
 	k := permKey{exchange, routingKey}
 	if p.cached(k) {
 		return nil
 	}
+	// The probe ends with the session too.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.ctx, cancel)()
 	select {
 	case p.sem <- struct{}{}:
 	case <-ctx.Done():
-		return ctx.Err()
-	case <-s.done:
-		return errConnClosed
+		return s.probeFailed(ctx, ctx.Err())
 	}
 	defer func() { <-p.sem }()
 	if p.cached(k) {
 		return nil
 	}
-	if p.broken != nil {
-		return p.broken
-	}
-	ch := s.reserved
-	if ch == 0 {
-		return &wire.Error{Code: wire.AccessRefused, ClassID: 60, MethodID: 40,
-			Text: "delayproxy cannot check publish permissions on a connection without a channel_max limit"}
-	}
-	var frames []byte
-	var want [3]wire.MethodID
-	n := 0
-	if !p.open {
-		frames = methodFrame(frames, ch, &wire.ChannelOpen{})
-		frames = methodFrame(frames, ch, &wire.TxSelect{})
-		want[0], want[1], n = wire.IDChannelOpenOk, wire.IDTxSelectOk, 2
-	}
-	frames = methodFrame(frames, ch, &wire.BasicPublish{Exchange: exchange, RoutingKey: routingKey})
-	frames = wire.AppendFrame(frames, wire.Frame{Type: wire.FrameHeader, Channel: ch, Payload: emptyContentHeader})
-	frames = methodFrame(frames, ch, &wire.TxRollback{})
-	want[n] = wire.IDTxRollbackOk
-	n++
-	if !s.uw.q.pushNow(outItem{kind: itemLifecycle, buf: frames}) {
-		return errConnClosed
-	}
-	for _, id := range want[:n] {
-		var m wire.Method
-		select {
-		case m = <-p.answers:
-		case <-ctx.Done():
-			p.broken = fmt.Errorf("amqpproxy: permission probe abandoned: %w", ctx.Err())
-			return ctx.Err()
-		case <-s.done:
-			return errConnClosed
+	for attempt := 0; ; attempt++ {
+		fresh := p.pc == nil
+		if fresh {
+			pc, err := s.dialProbe(ctx)
+			if err != nil {
+				return s.probeFailed(ctx, err)
+			}
+			p.setConn(pc)
 		}
-		if cm, ok := m.(*wire.ChannelClose); ok {
-			p.open = false
-			text, _ := strings.CutPrefix(cm.ReplyText, wire.ReplyText(cm.ReplyCode)+" - ")
-			s.log.Info("publish refused by RabbitMQ", "exchange", exchange, "routing_key", routingKey, "code", cm.ReplyCode, "reason", text)
-			return &wire.Error{Code: cm.ReplyCode, Text: text, ClassID: 60, MethodID: 40}
+		err := p.pc.probe(ctx, s.srv.cfg.HandshakeTimeout, k)
+		var we *wire.Error
+		switch {
+		case err == nil:
+			p.remember(k)
+			return nil
+		case errors.As(err, &we):
+			text, _ := strings.CutPrefix(we.Text, wire.ReplyText(we.Code)+" - ")
+			s.log.Info("publish refused by RabbitMQ", "exchange", exchange, "routing_key", routingKey, "code", we.Code, "reason", text)
+			return &wire.Error{Code: we.Code, Text: text, ClassID: 60, MethodID: 40}
 		}
-		if m.ID() != id {
-			p.broken = fmt.Errorf("amqpproxy: permission probe: RabbitMQ answered %v, want %v", m.ID(), id)
-			return p.broken
+		// The probe connection is out of step or gone (RabbitMQ closed it,
+		// the socket died while idle): a new one, once.
+		p.dropConn()
+		if fresh || attempt > 0 || ctx.Err() != nil {
+			return s.probeFailed(ctx, err)
 		}
 	}
-	p.open = true
-	p.remember(k)
-	return nil
 }
 
-// reservedFrame handles a frame RabbitMQ sent on the reserved channel
-// (upstream reader): a channel.close is answered at once, and every method
-// goes to the probe waiting for it.
-func (s *session) reservedFrame(f wire.Frame) {
-	if f.Type != wire.FrameMethod {
-		return
+// probeFailed is the error of a probe that could not ask RabbitMQ.
+func (s *session) probeFailed(ctx context.Context, err error) error {
+	var we *wire.Error
+	switch {
+	case errors.As(err, &we): // RabbitMQ refused the probe connection
+		text, _ := strings.CutPrefix(we.Text, wire.ReplyText(we.Code)+" - ")
+		s.log.Info("permission probe refused by RabbitMQ", "code", we.Code, "reason", text)
+		return &wire.Error{Code: we.Code, Text: text, ClassID: 60, MethodID: 40}
+	case s.stopped():
+		return errConnClosed
+	case ctx.Err() != nil:
+		return ctx.Err()
 	}
-	m, err := wire.DecodeMethod(f.Payload)
-	if err != nil {
-		return
+	s.log.Warn("cannot check publish permission", "upstream", s.srv.up.hostport, "err", err)
+	return fmt.Errorf("amqpproxy: permission probe: %w", err)
+}
+
+// setConn makes pc the probe connection; after Server.Close it is closed
+// at once.
+func (p *prober) setConn(pc *probeConn) {
+	p.mu.Lock()
+	p.pc, p.active = pc, pc
+	aborted := p.aborted
+	p.mu.Unlock()
+	if aborted {
+		pc.c.Close()
 	}
-	if m.ID() == wire.IDChannelClose {
-		s.uw.q.pushNow(outItem{kind: itemLifecycle, buf: methodFrame(nil, s.reserved, &wire.ChannelCloseOk{})})
+}
+
+// dropConn closes a probe connection that failed.
+func (p *prober) dropConn() {
+	p.mu.Lock()
+	pc := p.pc
+	p.pc, p.active = nil, nil
+	p.mu.Unlock()
+	if pc != nil {
+		pc.c.Close()
 	}
-	p := s.probe.p.Load()
-	if p == nil {
-		return
+}
+
+// abort closes the probe connection at once (Server.Close).
+func (p *prober) abort() {
+	p.mu.Lock()
+	p.aborted = true
+	pc := p.active
+	p.mu.Unlock()
+	if pc != nil {
+		pc.c.Close()
 	}
-	select {
-	case p.answers <- m:
+}
+
+// close closes the probe connection, if there is one, as a client does
+// (connection.close, RabbitMQ's close-ok) within the close timeout. It
+// runs when the session has ended: no probe is in progress or can start.
+func (p *prober) close(closeTimeout time.Duration) {
+	p.sem <- struct{}{}
+	defer func() { <-p.sem }()
+	p.mu.Lock()
+	pc, aborted := p.pc, p.aborted
+	p.pc, p.active = nil, nil
+	p.mu.Unlock()
+	switch {
+	case pc == nil:
+	case aborted:
+		pc.c.Close()
 	default:
+		pc.close(closeTimeout)
 	}
 }

@@ -42,6 +42,11 @@ type Channel struct {
 	clientClosed bool
 	closeErr     *wire.Error // why the proxy closes the channel
 	replies      deque[*pending]
+	// taken counts the publishes handed to ConnHooks.Publish and not yet
+	// answered; while it is above 0 the client's channel.close waits in
+	// heldClose (see clientChannelClose).
+	taken     int
+	heldClose []byte
 
 	// in is the client publish in progress; client reader only.
 	in contentIn

@@ -121,19 +121,11 @@ func (s *session) fromClient(f wire.Frame) bool {
 	return s.relayUp(f, ch)
 }
 
-// openChannel handles channel.open for a free channel number.
+// openChannel handles channel.open for a free channel number. RabbitMQ
+// judges it (channel_max, per-user channel limits) with the client's own
+// tuning, and closes the connection with 530 as it would.
 func (s *session) openChannel(f wire.Frame) bool {
 	id := f.Channel
-	if s.reserved != 0 && id == s.reserved {
-		s.closeConn(&wire.Error{Code: wire.NotAllowed, ClassID: 20, MethodID: 10,
-			Text: fmt.Sprintf("channel %d exceeds the negotiated channel_max (%d)", id, s.channelMax)})
-		return true
-	}
-	if n := s.open.Load(); s.channelMax != 0 && n >= int32(s.channelMax) {
-		s.closeConn(&wire.Error{Code: wire.NotAllowed,
-			Text: fmt.Sprintf("number of channels opened (%d) has reached the negotiated channel_max (%d)", n, s.channelMax)})
-		return true
-	}
 	ch := &Channel{id: id, s: s}
 	s.chans.set(id, ch)
 	s.open.Add(1)
@@ -174,17 +166,7 @@ func (s *session) clientMethod(ch *Channel, f wire.Frame) bool {
 	case wire.IDBasicPublish:
 		return s.clientPublish(ch, f)
 	case wire.IDChannelClose:
-		ch.mu.Lock()
-		if ch.state.Load() != chOpen { // the proxy began closing it meanwhile
-			ch.mu.Unlock()
-			s.clientMethodProxyClosing(ch, id)
-			return true
-		}
-		ch.state.Store(chClientClosing)
-		waiting := ch.takeWaitingLocked()
-		ch.mu.Unlock()
-		ch.failReplies(waiting, nil)
-		return s.relayUp(f, ch)
+		return s.clientChannelClose(ch, f)
 	case wire.IDChannelOpen, wire.IDChannelCloseOk:
 		return s.relayUp(f, ch)
 	case wire.IDConfirmSelect:
@@ -204,19 +186,53 @@ func (s *session) clientMethod(ch *Channel, f wire.Frame) bool {
 	return s.relayUp(f, ch)
 }
 
+// clientChannelClose handles the client's channel.close on an open
+// channel. While publishes taken over on the channel are unanswered, the
+// close waits, so that their answers (a refusal among them) reach the
+// client before its close does its work, as RabbitMQ judges a publish
+// before the close behind it; the last answer applies it (publishAnswered).
+func (s *session) clientChannelClose(ch *Channel, f wire.Frame) bool {
+	ch.mu.Lock()
+	if ch.state.Load() == chOpen && ch.taken > 0 {
+		ch.heldClose = wire.AppendFrame(nil, f)
+		ch.mu.Unlock()
+		return true
+	}
+	ch.mu.Unlock()
+	return s.applyClientClose(ch, func() bool { return s.relayUp(f, ch) })
+}
+
+// applyClientClose is the client's channel.close taking effect on ch:
+// relayed (by relay) when the channel is open or closing by RabbitMQ's
+// or the client's doing; while the proxy closes it, a crossing close,
+// answered as RabbitMQ answers one (see proxyCloseUpstreamDone).
+func (s *session) applyClientClose(ch *Channel, relay func() bool) bool {
+	ch.mu.Lock()
+	switch ch.state.Load() {
+	case chOpen:
+		ch.state.Store(chClientClosing)
+		waiting := ch.takeWaitingLocked()
+		ch.mu.Unlock()
+		ch.failReplies(waiting, nil)
+		return relay()
+	case chClientClosing, chServerClosing:
+		ch.mu.Unlock()
+		return relay() // RabbitMQ decides
+	case chProxyClosing:
+		ch.clientClosed = true
+	case chProxyClosingClient: // crossing closes: answer it, still wait for ours
+		s.cw.q.pushNow(outItem{kind: itemLifecycle, ch: ch, buf: methodFrame(nil, ch.id, &wire.ChannelCloseOk{})})
+	}
+	ch.mu.Unlock()
+	return true
+}
+
 // clientMethodProxyClosing: the proxy is closing ch; the client's frames are
 // dropped except its close and close-ok.
 func (s *session) clientMethodProxyClosing(ch *Channel, id wire.MethodID) {
 	switch id {
 	case wire.IDChannelClose:
-		ch.mu.Lock()
-		switch ch.state.Load() {
-		case chProxyClosing:
-			ch.clientClosed = true
-		case chProxyClosingClient: // crossing closes: answer it, still wait for ours
-			s.cw.q.pushNow(outItem{kind: itemLifecycle, ch: ch, buf: methodFrame(nil, ch.id, &wire.ChannelCloseOk{})})
-		}
-		ch.mu.Unlock()
+		s.applyClientClose(ch, func() bool { return true }) // never relayed in these states
 	case wire.IDChannelCloseOk:
 		if ch.state.Load() == chProxyClosingClient {
 			s.freeChannel(ch)

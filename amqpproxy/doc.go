@@ -17,19 +17,24 @@
 //     act on (channel lifecycle, confirm and tx select, basic.ack/nack from
 //     RabbitMQ, and the methods an Interceptor asks for). Client
 //     properties, tables and content headers go through byte for byte.
+//   - Clients are greeted with RabbitMQ's own connection.start: the proxy
+//     dials RabbitMQ on the client's protocol header, and passes on its
+//     server properties byte for byte with one key added ("delayproxy" =>
+//     Config.Version), its protocol version and locales, and those of its
+//     mechanisms the proxy relays (PLAIN, AMQPLAIN). See greeting.go.
 //   - Both hops are tuned alike: the client is offered RabbitMQ's own tune
-//     values (channel_max minus one, kept for the proxy's own use upstream:
-//     Conn.ReservedChannel; the heartbeat of Config.Heartbeat, 0 for none),
-//     and RabbitMQ gets the client's tune-ok. Bodies are re-split when a
-//     frame would exceed a hop's frame_max; header frames are never split.
+//     values (but the heartbeat: Config.Heartbeat's, 0 for none), and
+//     RabbitMQ gets the client's tune-ok as it is, so every channel number
+//     RabbitMQ allows is the client's. Bodies are re-split when a frame
+//     would exceed a hop's frame_max; header frames are never split.
 //   - No frame is put inside another message's frames on the same channel:
 //     each writer follows the contents it writes per channel and holds the
 //     proxy's own frames for a channel (confirms, replies, channel.close)
 //     until the content in progress there is complete.
 //   - Errors are RabbitMQ's: what RabbitMQ can judge is relayed and judged by
 //     it (its connection.close reaches the client); what the proxy must judge
-//     itself (framing, content it assembles, channel_max with the reserved
-//     channel) gets the code and wording RabbitMQ 3.10 uses. Handshake
+//     itself (framing, content it assembles) gets the code and wording
+//     RabbitMQ 3.10 uses. Handshake
 //     errors close the socket without a word, as RabbitMQ does; a refused
 //     login or vhost is RabbitMQ's own answer, relayed.
 //   - Graceful shutdown loses no confirm (the proxy's half of invariant 1):
@@ -116,16 +121,21 @@
 //   - Close a channel: Channel.CloseChannel(code, text) from any goroutine
 //     closes the channel upstream first, then tells the client with code
 //     and text and waits for its close-ok; pending confirms and replies of
-//     the channel are never sent. Conn.Close(code, text) closes the
-//     connection the same way.
+//     the channel are never sent. A channel.close of the client's that
+//     crosses it is answered after it with close-ok, as RabbitMQ answers
+//     one after its own channel error; and a client's channel.close waits
+//     while publishes taken over on the channel are unanswered, so that a
+//     refusal reaches a client that publishes and closes in one write.
+//     Conn.Close(code, text) closes the connection the same way.
 //   - tx: Channel.TxMode tells a publish hook to keep taken-over messages
 //     with the transaction; hooks on tx.commit (Relay with onReply: store,
 //     then r.Pass() or r.CloseChannel(506, ...)) and tx.rollback (drop)
 //     gate them. The test TestInterceptTxGating shows the pattern.
-//   - Authorization: Conn.CheckPublish asks RabbitMQ, on the client's own
-//     upstream connection (the reserved channel, frames never relayed),
-//     whether the user may publish to an exchange and routing key: a
-//     publish with an empty body in a transaction rolled back (authz.go).
+//   - Authorization: Conn.CheckPublish asks RabbitMQ, over a probe
+//     connection of the session's own (dialled on the first check, logged
+//     in as the client, closed with the session), whether the user may
+//     publish to an exchange and routing key: a publish with an empty body
+//     in a transaction rolled back (authz.go, probeconn.go).
 //   - Conn carries the vhost, user, client properties and tuning;
 //     ConnHooks.Closed is called once after every other hook returned.
 //

@@ -13,36 +13,6 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 )
 
-// serverCapabilities are the capabilities RabbitMQ advertises; clients
-// (pika, for one) refuse features the server does not announce.
-var serverCapabilities = []string{
-	"publisher_confirms", "exchange_exchange_bindings", "basic.nack",
-	"consumer_cancel_notify", "connection.blocked", "consumer_priorities",
-	"authentication_failure_close", "per_consumer_qos", "direct_reply_to",
-}
-
-// serverProperties are the server properties of connection.start.
-func serverProperties(version string) wire.Table {
-	caps := map[string]any{}
-	for _, c := range serverCapabilities {
-		caps[c] = true
-	}
-	props := map[string]any{
-		"product":      "delayproxy",
-		"platform":     "Go",
-		"information":  "AMQP 0-9-1 proxy for RabbitMQ with durable delayed exchanges",
-		"capabilities": caps,
-	}
-	if version != "" {
-		props["version"] = version
-	}
-	t, err := wire.EncodeTable(props)
-	if err != nil {
-		panic(err) // strings and booleans always encode
-	}
-	return t
-}
-
 // preTuneFrameMax is the largest frame RabbitMQ accepts before tune-ok.
 const preTuneFrameMax = wire.FrameMinSize
 
@@ -53,13 +23,15 @@ const noLimitFrameMax = 1 << 20
 // as RabbitMQ does for handshake errors other than a refused login.
 var errHandshake = errors.New("handshake failed")
 
-// handshake runs the connection handshake: the proxy greets the client,
-// logs in to RabbitMQ with the client's start-ok when it arrives, offers the
-// client RabbitMQ's tune values (one channel fewer, kept for the proxy; the
-// heartbeat of Config.Heartbeat), sends RabbitMQ the client's tune-ok, and relays open and open-ok. Both hops
-// end up with the same frame_max and heartbeat. It reports whether the
-// relay can start; on failure the client has been answered as RabbitMQ
-// would answer it, and the caller closes the sockets.
+// handshake runs the connection handshake: on the client's protocol header
+// the proxy dials RabbitMQ and greets the client with RabbitMQ's own
+// connection.start (see greeting.go), logs in to RabbitMQ with the client's
+// start-ok, offers the client RabbitMQ's tune values (the heartbeat of
+// Config.Heartbeat), sends RabbitMQ the client's tune-ok, and relays open
+// and open-ok. Both hops end up with the same channel_max, frame_max and
+// heartbeat. It reports whether the relay can start; on failure the client
+// has been answered as RabbitMQ would answer it, and the caller closes the
+// sockets.
 func (s *session) handshake(ctx context.Context) bool {
 	cfg := &s.srv.cfg
 	deadline := time.Now().Add(cfg.HandshakeTimeout)
@@ -75,9 +47,8 @@ func (s *session) handshake(ctx context.Context) bool {
 		s.log.Debug("no AMQP 0-9-1 protocol header", "err", err)
 		return false
 	}
-	start := &wire.ConnectionStart{VersionMajor: 0, VersionMinor: 9, ServerProperties: s.srv.props,
-		Mechanisms: []byte("PLAIN AMQPLAIN"), Locales: []byte("en_US")}
-	if err := writeMethod(cw, 0, start); err != nil {
+	uw, upStart, upErr := s.greetUpstream(ctx, deadline)
+	if err := writeMethod(cw, 0, s.srv.greeting(upStart)); err != nil {
 		return false
 	}
 
@@ -97,6 +68,7 @@ func (s *session) handshake(ctx context.Context) bool {
 		return false
 	}
 	s.info.User = loginUser(startOk.Mechanism, startOk.Response)
+	s.login = login{mechanism: startOk.Mechanism, response: bytes.Clone(startOk.Response), locale: startOk.Locale}
 	s.info.ClientProperties = wire.Table(bytes.Clone(startOk.ClientProperties))
 	s.log = s.log.With("user", s.info.User)
 	if name, ok, _ := startOk.ClientProperties.Get("connection_name"); ok {
@@ -104,30 +76,11 @@ func (s *session) handshake(ctx context.Context) bool {
 			s.log = s.log.With("connection_name", n)
 		}
 	}
-
-	// RabbitMQ authenticates at start-ok: dial it now.
-	up, err := s.dialUpstream(ctx, deadline)
-	if err != nil {
-		s.log.Warn("upstream unreachable, closing the client connection", "upstream", s.srv.up.hostport, "err", err)
-		e := &wire.Error{Code: wire.ConnectionForced, Text: fmt.Sprintf("delayproxy: RabbitMQ at %s is unreachable: %v", s.srv.up.hostport, err)}
-		if writeFrame(cw, connCloseFrame(e)) == nil {
-			s.client.setDeadlineBefore(time.Now().Add(cfg.CloseTimeout))
-			readMethod(s.cr, wire.IDConnectionCloseOk)
-		}
-		return false
-	}
-	uw := wire.NewWriter(up)
-	if _, err := uw.Write(wire.ProtocolHeader[:]); err != nil {
-		return s.upstreamHandshakeFailed(cw, err)
-	}
-	if err := uw.Flush(); err != nil {
-		return s.upstreamHandshakeFailed(cw, err)
-	}
-	if _, err := readMethod(s.ur, wire.IDConnectionStart); err != nil {
-		return s.upstreamHandshakeFailed(cw, err)
+	if upErr != nil {
+		return s.upstreamHandshakeFailed(cw, upErr)
 	}
 	if err := writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: startOkPayload})); err != nil {
-		return s.upstreamHandshakeFailed(cw, err)
+		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.hostport, err))
 	}
 
 	// Login: RabbitMQ may challenge (relayed), refuse, or tune.
@@ -163,7 +116,7 @@ func (s *session) handshake(ctx context.Context) bool {
 			err = fmt.Errorf("unexpected %v from upstream", id)
 		}
 		if err != nil {
-			return s.upstreamHandshakeFailed(cw, err)
+			return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.hostport, err))
 		}
 		break
 	}
@@ -172,13 +125,6 @@ func (s *session) handshake(ctx context.Context) bool {
 	offer.Heartbeat = 0
 	if hb := cfg.Heartbeat; hb > 0 {
 		offer.Heartbeat = uint16(min(hb/time.Second, math.MaxUint16))
-	}
-	switch tune.ChannelMax {
-	case 0:
-		offer.ChannelMax = 65534
-	case 1:
-	default:
-		offer.ChannelMax = tune.ChannelMax - 1
 	}
 	if err := writeMethod(cw, 0, &offer); err != nil {
 		return false
@@ -193,13 +139,9 @@ func (s *session) handshake(ctx context.Context) bool {
 		s.log.Info("handshake failed", "step", "tune-ok", "err", err)
 		return false
 	}
-	upTuneOk := tuneOk
-	if c := tuneOk.ChannelMax; c != 0 && c < 65535 && tune.ChannelMax != 1 {
-		upTuneOk.ChannelMax = c + 1
-		s.reserved = c + 1
-	}
-	if err := writeMethod(uw, 0, &upTuneOk); err != nil {
-		return s.upstreamHandshakeFailed(cw, err)
+	// RabbitMQ judges the client's tune-ok as it would judge it directly.
+	if err := writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload})); err != nil {
+		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.hostport, err))
 	}
 
 	f, err = readMethod(s.cr, wire.IDConnectionOpen)
@@ -213,7 +155,7 @@ func (s *session) handshake(ctx context.Context) bool {
 		return false
 	}
 	if err := writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload})); err != nil {
-		return s.upstreamHandshakeFailed(cw, err)
+		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.hostport, err))
 	}
 	s.info.VHost = open.VirtualHost
 	s.log = s.log.With("vhost", open.VirtualHost)
@@ -230,7 +172,7 @@ func (s *session) handshake(ctx context.Context) bool {
 		s.relayHandshakeClose(cw, uw, f.Payload)
 		return false
 	default:
-		return s.upstreamHandshakeFailed(cw, fmt.Errorf("unexpected %v from upstream", id))
+		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.hostport, fmt.Errorf("unexpected %v from upstream", id)))
 	}
 	// From here a shutdown closes the connection with 320 rather than
 	// hanging up (see session.shutdown).
@@ -253,9 +195,7 @@ func (s *session) handshake(ctx context.Context) bool {
 	if frameMax == 0 {
 		frameMax = noLimitFrameMax
 	}
-	s.channelMax = tuneOk.ChannelMax
 	s.info.ChannelMax, s.info.FrameMax, s.info.Heartbeat = tuneOk.ChannelMax, tuneOk.FrameMax, tuneOk.Heartbeat
-	s.info.ReservedChannel = s.reserved
 	s.upMaxBody = int(frameMax) - wire.FrameOverhead
 	s.downMaxBody = s.upMaxBody
 	s.cr.SetMaxFrame(frameMax)
@@ -263,7 +203,7 @@ func (s *session) handshake(ctx context.Context) bool {
 	s.client.setDeadline(time.Time{})
 	s.upstream.setDeadline(time.Time{})
 	s.clientConn.SetWriteDeadline(time.Time{})
-	up.SetWriteDeadline(time.Time{})
+	s.upConn.SetWriteDeadline(time.Time{})
 	var beat time.Duration
 	if hb := time.Duration(tuneOk.Heartbeat) * time.Second; hb > 0 {
 		s.client.idle.Store(int64(2 * hb))
@@ -272,8 +212,8 @@ func (s *session) handshake(ctx context.Context) bool {
 	}
 	limit := cfg.WriteQueueBytes
 	s.cw = &writer{conn: s.clientConn, w: cw, q: newOutQueue(limit), toClient: true, beat: beat, metrics: cfg.Metrics, arena: &s.uArena,
-		fail: func(err error) { s.stop(fmt.Errorf("writing to client: %w", err)) }}
-	s.uw = &writer{conn: up, w: uw, q: newOutQueue(limit), beat: beat, metrics: cfg.Metrics, arena: &s.cArena,
+		fail: func(err error) { s.stop(fmt.Errorf("writing to client: %w", err)) }, keepOpen: s.keepClientOpen}
+	s.uw = &writer{conn: s.upConn, w: uw, q: newOutQueue(limit), beat: beat, metrics: cfg.Metrics, arena: &s.cArena,
 		fail: func(err error) { s.upstreamReadFailed(fmt.Errorf("writing upstream: %w", err)) }}
 	attrs := []any{"heartbeat", int(tuneOk.Heartbeat), "frame_max", int(tuneOk.FrameMax), "channel_max", int(tuneOk.ChannelMax)}
 	if v, ok, _ := s.info.ClientProperties.Get("connection_name"); ok {
@@ -286,24 +226,44 @@ func (s *session) handshake(ctx context.Context) bool {
 	return true
 }
 
-// dialUpstream connects to RabbitMQ (TLS for amqps://) within the handshake
-// deadline and sets up the upstream read side.
+// greetUpstream dials RabbitMQ (TLS for amqps://) within the handshake
+// deadline, sends the protocol header and returns RabbitMQ's
+// connection.start, with the writer of the upstream socket. The error
+// says why RabbitMQ cannot be reached, in words for the client.
+func (s *session) greetUpstream(ctx context.Context, deadline time.Time) (*wire.Writer, *wire.ConnectionStart, error) {
+	hostport := s.srv.up.hostport
+	up, err := s.dialUpstream(ctx, deadline)
+	if err != nil {
+		return nil, nil, fmt.Errorf("RabbitMQ at %s is unreachable: %w", hostport, err)
+	}
+	uw := wire.NewWriter(up)
+	if err := writeFrame(uw, wire.ProtocolHeader[:]); err != nil {
+		return nil, nil, upstreamFailed(hostport, err)
+	}
+	f, err := readMethod(s.ur, wire.IDConnectionStart)
+	if err != nil {
+		return nil, nil, upstreamFailed(hostport, err)
+	}
+	var start wire.ConnectionStart
+	if err := start.Decode(f.Payload[4:]); err != nil {
+		return nil, nil, upstreamFailed(hostport, err)
+	}
+	start.ServerProperties = bytes.Clone(start.ServerProperties) // the reader's buffer moves on
+	start.Mechanisms, start.Locales = bytes.Clone(start.Mechanisms), bytes.Clone(start.Locales)
+	return uw, &start, nil
+}
+
+// upstreamFailed words a failed handshake with RabbitMQ for the client.
+func upstreamFailed(hostport string, err error) error {
+	return fmt.Errorf("handshake with RabbitMQ at %s failed: %w", hostport, err)
+}
+
+// dialUpstream connects to RabbitMQ within the handshake deadline and
+// sets up the upstream read side.
 func (s *session) dialUpstream(ctx context.Context, deadline time.Time) (net.Conn, error) {
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	d := net.Dialer{Timeout: s.srv.cfg.DialTimeout}
-	c, err := d.DialContext(ctx, "tcp", s.srv.up.hostport)
+	c, err := s.srv.dial(ctx, deadline)
 	if err != nil {
 		return nil, err
-	}
-	setNoDelay(c)
-	if s.srv.up.tls != nil {
-		tc := tls.Client(c, s.srv.up.tls)
-		if err := tc.HandshakeContext(ctx); err != nil {
-			c.Close()
-			return nil, err
-		}
-		c = tc
 	}
 	s.mu.Lock()
 	if s.aborted {
@@ -320,14 +280,35 @@ func (s *session) dialUpstream(ctx context.Context, deadline time.Time) (net.Con
 	return c, nil
 }
 
-// upstreamHandshakeFailed tells the client why RabbitMQ could not be
-// reached or spoke out of turn.
+// dial connects to RabbitMQ (TLS for amqps://) before deadline.
+func (srv *Server) dial(ctx context.Context, deadline time.Time) (net.Conn, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	d := net.Dialer{Timeout: srv.cfg.DialTimeout}
+	c, err := d.DialContext(ctx, "tcp", srv.up.hostport)
+	if err != nil {
+		return nil, err
+	}
+	setNoDelay(c)
+	if srv.up.tls != nil {
+		tc := tls.Client(c, srv.up.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+		c = tc
+	}
+	return c, nil
+}
+
+// upstreamHandshakeFailed tells the client, with 320 CONNECTION_FORCED,
+// why RabbitMQ could not be reached or spoke out of turn.
 func (s *session) upstreamHandshakeFailed(cw *wire.Writer, err error) bool {
-	s.log.Warn("upstream handshake failed, closing the client connection", "upstream", s.srv.up.hostport, "err", err)
-	e := &wire.Error{Code: wire.ConnectionForced, Text: fmt.Sprintf("delayproxy: handshake with RabbitMQ at %s failed: %v", s.srv.up.hostport, err)}
+	s.log.Warn("closing the client connection", "upstream", s.srv.up.hostport, "err", err)
+	e := &wire.Error{Code: wire.ConnectionForced, Text: "delayproxy: " + err.Error()}
 	if writeFrame(cw, connCloseFrame(e)) == nil {
 		s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
-		readMethod(s.cr, wire.IDConnectionCloseOk)
+		awaitCloseOk(s.cr, cw)
 	}
 	return false
 }
@@ -343,8 +324,31 @@ func (s *session) relayHandshakeClose(cw, uw *wire.Writer, payload []byte) {
 		return
 	}
 	s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
-	if f, err := readMethod(s.cr, wire.IDConnectionCloseOk); err == nil {
-		writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload}))
+	if awaitCloseOk(s.cr, cw) {
+		writeMethod(uw, 0, &wire.ConnectionCloseOk{})
+	}
+}
+
+// awaitCloseOk reads, after a connection.close to the client, what the
+// client sends until its close-ok (reported true), dropping everything
+// else but a crossing connection.close, which is answered, as RabbitMQ's
+// closed state does; false when the client hangs up or the deadline set on
+// its socket passes first.
+func awaitCloseOk(r *wire.Reader, w *wire.Writer) bool {
+	for {
+		f, err := r.ReadFrame()
+		if err != nil {
+			return false
+		}
+		if f.Type != wire.FrameMethod || f.Channel != 0 {
+			continue
+		}
+		switch id, _ := wire.PeekMethodID(f.Payload); id {
+		case wire.IDConnectionCloseOk:
+			return true
+		case wire.IDConnectionClose:
+			writeMethod(w, 0, &wire.ConnectionCloseOk{})
+		}
 	}
 }
 
@@ -385,7 +389,7 @@ func writeFrame(w *wire.Writer, frame []byte) error {
 }
 
 // loginUser extracts the user name from a PLAIN or AMQPLAIN response, for
-// logs and the interceptor; the password is never kept.
+// logs and the interceptor.
 func loginUser(mechanism string, resp []byte) string {
 	switch mechanism {
 	case "PLAIN": // authzid NUL authcid NUL password

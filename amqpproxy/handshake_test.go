@@ -20,26 +20,6 @@ import (
 	"github.com/delayproxy/delayproxy/internal/testcert"
 )
 
-// TestServerProperties: connection.start advertises delayproxy, its
-// Config.Version and RabbitMQ's capabilities.
-func TestServerProperties(t *testing.T) {
-	t.Parallel()
-	p := startProxy(t, Config{Version: "delayproxy 1.2.3"})
-	conn := p.dial(t, amqp.Config{})
-	if conn.Properties["product"] != "delayproxy" || conn.Properties["version"] != "delayproxy 1.2.3" {
-		t.Fatalf("product %v version %v", conn.Properties["product"], conn.Properties["version"])
-	}
-	caps, _ := conn.Properties["capabilities"].(amqp.Table)
-	for _, c := range serverCapabilities {
-		if caps[c] != true {
-			t.Errorf("capability %s: %v", c, caps[c])
-		}
-	}
-	if conn.Config.ChannelMax != 2046 || conn.Config.FrameSize != 131072 {
-		t.Fatalf("tuned channel_max %d frame_max %d, want RabbitMQ's minus one channel", conn.Config.ChannelMax, conn.Config.FrameSize)
-	}
-}
-
 // TestWrongLogin: a refused login is a refused login. amqp091-go does not
 // announce authentication_failure_close and sees the socket close (as it
 // would from RabbitMQ); a client that announces it gets 403 ACCESS_REFUSED.
@@ -140,9 +120,9 @@ func TestHandshakeTimeout(t *testing.T) {
 	}
 }
 
-// TestChannelMax: the proxy refuses channels beyond the negotiated
-// channel_max as RabbitMQ does (it keeps one upstream channel for itself,
-// so RabbitMQ alone would not).
+// TestChannelMax: channels beyond the negotiated channel_max are refused
+// as RabbitMQ refuses them (by RabbitMQ: both hops have the client's
+// tuning).
 func TestChannelMax(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})

@@ -15,6 +15,7 @@ func (s *session) contentDone(ch *Channel) {
 	if ch.confirms != nil {
 		p.Tag = ch.confirms.publish()
 	}
+	ch.taken++
 	ch.mu.Unlock()
 	p.inHook = true
 	s.hookPending.Add(1)

@@ -102,6 +102,9 @@ func (s *session) connFrame(from side, f wire.Frame) bool {
 			}
 		case wire.IDConnectionCloseOk:
 			if s.state.Load() == from.other().closing() {
+				if from == upstreamSide {
+					s.answeredClientClose()
+				}
 				ok := s.relayFrom(from, f, nil)
 				s.stop(from.other().closedErr())
 				return ok
@@ -122,6 +125,9 @@ func (s *session) whileClosing(from side, f wire.Frame) bool {
 	case wire.IDConnectionCloseOk:
 		s.closeOK(from)
 	case wire.IDConnectionClose:
+		if from == clientSide {
+			s.answeredClientClose()
+		}
 		s.sendTo(from, methodFrame(nil, 0, &wire.ConnectionCloseOk{}))
 		s.closeOK(from)
 	}

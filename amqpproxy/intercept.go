@@ -63,12 +63,9 @@ type Conn struct {
 	User             string
 	ClientProperties wire.Table // exactly as the client sent them
 	RemoteAddr       net.Addr
-	ChannelMax       uint16 // negotiated with the client; 0: no limit
+	ChannelMax       uint16 // negotiated on both hops; 0: no limit
 	FrameMax         uint32 // negotiated on both hops
 	Heartbeat        uint16 // seconds, negotiated on both hops; 0: none
-	// ReservedChannel is an upstream channel number no client channel uses,
-	// kept for the proxy's own traffic on this connection.
-	ReservedChannel uint16
 
 	s *session
 }
@@ -211,7 +208,7 @@ func (p *Publish) Relay() {
 	}
 	p.relayed = true
 	p.Channel.s.relayPublish(p)
-	p.Channel.s.publishAnswered()
+	p.Channel.s.publishAnswered(p.Channel)
 }
 
 // Ack confirms the publish to the client (basic.ack with its tag) when the
@@ -229,7 +226,7 @@ func (p *Publish) CloseChannel(code uint16, text string) {
 		return
 	}
 	p.Channel.closeByProxy(&wire.Error{Code: code, Text: text, ClassID: 60, MethodID: 40})
-	p.Channel.s.publishAnswered()
+	p.Channel.s.publishAnswered(p.Channel)
 }
 
 func (p *Publish) finish(nack bool) {
@@ -239,5 +236,5 @@ func (p *Publish) finish(nack bool) {
 	if p.Tag != 0 {
 		p.Channel.s.cw.q.pushNow(outItem{kind: itemLocalConfirm, ch: p.Channel, tag: p.Tag, nack: nack})
 	}
-	p.Channel.s.publishAnswered()
+	p.Channel.s.publishAnswered(p.Channel)
 }

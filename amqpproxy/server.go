@@ -52,8 +52,9 @@ type Config struct {
 	// (default 128 MiB, RabbitMQ's max_message_size).
 	MaxMessageSize int
 
-	// Version is advertised to clients as the version server property of
-	// connection.start; empty advertises none.
+	// Version is advertised to clients as the one server property the
+	// proxy adds to RabbitMQ's in connection.start, "delayproxy"; empty
+	// adds none.
 	Version string
 
 	// Logger receives the proxy's logs (default slog.Default()).
@@ -92,11 +93,12 @@ func (noMetrics) PublishTooLarge()       {}
 // Server accepts AMQP 0-9-1 clients and relays each one to its own
 // connection to RabbitMQ.
 type Server struct {
-	cfg   Config
-	up    upstreamAddr
-	log   *slog.Logger
-	props wire.Table
-	tls   *tls.Config
+	cfg Config
+	up  upstreamAddr
+	log *slog.Logger
+	tls *tls.Config
+
+	fallbackProps wire.Table // server properties when RabbitMQ cannot be reached
 
 	ctx    context.Context // canceled by Close: ends dials in progress
 	cancel context.CancelFunc
@@ -154,7 +156,7 @@ func New(cfg Config) (*Server, error) {
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{cfg: cfg, up: up, log: cfg.Logger, props: serverProperties(cfg.Version), tls: tlsConf,
+	return &Server{cfg: cfg, up: up, log: cfg.Logger, tls: tlsConf, fallbackProps: fallbackProperties(cfg.Version),
 		ctx: ctx, cancel: cancel,
 		listeners: map[net.Listener]struct{}{}, sessions: map[*session]struct{}{}}, nil
 }
@@ -224,8 +226,9 @@ func (srv *Server) isClosed() bool {
 func (srv *Server) start(c net.Conn) {
 	setNoDelay(c)
 	id := srv.nextID.Add(1)
-	s := &session{srv: srv, clientConn: c, done: make(chan struct{}), drainSig: make(chan struct{}, 1), handshook: make(chan struct{}),
+	s := &session{srv: srv, clientConn: c, done: make(chan struct{}), drainSig: make(chan struct{}, 1), handshook: make(chan struct{}), probe: newProber(),
 		log: srv.log.With("conn", id, "client", c.RemoteAddr().String())}
+	s.ctx, s.cancel = context.WithCancel(srv.ctx)
 	if srv.tls != nil {
 		s.clientConn = tls.Server(c, srv.tls)
 	}
@@ -254,6 +257,7 @@ func (srv *Server) handle(s *session) {
 		srv.mu.Unlock()
 	}()
 	defer func() {
+		s.cancel()
 		s.clientConn.Close()
 		s.mu.Lock()
 		up := s.upConn

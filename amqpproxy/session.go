@@ -46,11 +46,10 @@ type session struct {
 	hookMethods map[wire.MethodID]bool
 
 	chans       chanTable
-	open        atomic.Int32 // client channels open (channel_max counts these)
-	channelMax  uint16       // negotiated with the client; 0: none
-	reserved    uint16       // upstream channel kept for the proxy; 0: none
+	open        atomic.Int32 // client channels open
 	upMaxBody   int          // largest body frame payload upstream accepts
 	downMaxBody int          // largest body frame payload the client accepts
+	login       login        // the client's start-ok, for the probe connection
 
 	state atomic.Uint32 // connRunning...; written under mu
 
@@ -59,6 +58,9 @@ type session struct {
 	reason   error      // why the session ended, first one wins
 	aborted  bool       // Server.Close: conns are closed, dial nothing more
 	openSent bool       // the handshake is sending (or sent) connection.open-ok
+	// lingering: the client is sent connection.close-ok; its socket stays
+	// open, read and dropped, until it hangs up (see linger).
+	lingering bool
 
 	// handshook is closed when the handshake returned; after it, cw and uw
 	// are set if the handshake succeeded.
@@ -67,6 +69,11 @@ type session struct {
 	done     chan struct{} // closed by stop
 	stopOnce sync.Once
 	wg       sync.WaitGroup // the writers and the upstream reader
+
+	// ctx is canceled by stop, abort and the end of the handler: it ends
+	// the probe connection's dial and probe in progress.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	cArena, uArena arena // frame copies made by each reader
 
@@ -79,7 +86,7 @@ type session struct {
 	hookPending atomic.Int64
 	drainSig    chan struct{}
 
-	probe probeSlot // publish permission probes on the reserved channel
+	probe prober // publish permission probes, on a connection of their own
 }
 
 // Errors that end sessions, logged and passed to ConnHooks.Closed.
@@ -136,6 +143,49 @@ func (s *session) run() {
 	if s.hooks != nil {
 		s.hooks.Closed(s.endReason())
 	}
+	s.probe.close(s.srv.cfg.CloseTimeout)
+	s.linger()
+}
+
+// answeredClientClose records that connection.close-ok to the client's
+// connection.close is queued: the session will linger.
+func (s *session) answeredClientClose() {
+	s.mu.Lock()
+	s.lingering = true
+	s.mu.Unlock()
+}
+
+// keepClientOpen is the client writer's keepOpen: once close-ok to the
+// client's connection.close is written, the socket stays open for the
+// close timeout, as RabbitMQ keeps it (rabbit_reader's closed state: it
+// reads and drops until the client hangs up or its timer fires). Closing
+// at once would race the client's own shutdown (amqp091-go reports 501
+// "EOF") and reset a socket holding bytes the client sent after its close.
+func (s *session) keepClientOpen() bool {
+	s.mu.Lock()
+	l := s.lingering
+	s.mu.Unlock()
+	if l {
+		s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
+	}
+	return l
+}
+
+// linger reads and drops the client's bytes, when the session lingers,
+// until the client hangs up or the deadline keepClientOpen set passes.
+func (s *session) linger() {
+	s.mu.Lock()
+	l := s.lingering
+	s.mu.Unlock()
+	if !l {
+		return
+	}
+	buf := make([]byte, 4<<10)
+	for {
+		if _, err := s.cr.Buffered().Read(buf); err != nil {
+			return
+		}
+	}
 }
 
 var errConnClosed = errors.New("amqpproxy: connection closed before the reply")
@@ -156,6 +206,7 @@ func (s *session) stop(reason error) {
 		}
 		s.mu.Unlock()
 		close(s.done)
+		s.cancel()
 		deadline := time.Now().Add(s.srv.cfg.CloseTimeout)
 		if s.cw != nil {
 			s.clientConn.SetWriteDeadline(deadline)
@@ -177,10 +228,12 @@ func (s *session) abort() {
 	}
 	up := s.upConn
 	s.mu.Unlock()
+	s.cancel()
 	s.clientConn.Close()
 	if up != nil {
 		up.Close()
 	}
+	s.probe.abort()
 }
 
 // shutdown closes the connection as RabbitMQ does when it stops (320
@@ -254,8 +307,20 @@ func (s *session) poke() {
 	}
 }
 
-// publishAnswered records that a publish handed to the hooks was answered.
-func (s *session) publishAnswered() {
+// publishAnswered records that a publish handed to the hooks on ch was
+// answered; the last answer on ch applies the client's channel.close
+// held until then (clientChannelClose). Any goroutine.
+func (s *session) publishAnswered(ch *Channel) {
+	ch.mu.Lock()
+	ch.taken--
+	var held []byte
+	if ch.taken == 0 {
+		held, ch.heldClose = ch.heldClose, nil
+	}
+	ch.mu.Unlock()
+	if held != nil {
+		s.applyClientClose(ch, func() bool { return s.uw.q.pushNow(outItem{kind: itemRelay, ch: ch, buf: held}) })
+	}
 	s.hookPending.Add(-1)
 	s.poke()
 }

@@ -42,6 +42,7 @@ func (s *session) upstreamReadFailed(err error) {
 		s.sendTo(clientSide, connCloseFrame(&wire.Error{Code: wire.ConnectionForced, Text: "delayproxy: " + reason}))
 		s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
 	case connClientClosing:
+		s.answeredClientClose()
 		s.sendTo(clientSide, methodFrame(nil, 0, &wire.ConnectionCloseOk{}))
 		s.stop(errClientClosed)
 	case connUpstreamClosing:
@@ -63,10 +64,6 @@ func (s *session) fromUpstream(f wire.Frame) bool {
 	}
 	if f.Channel == 0 {
 		return s.connFrame(upstreamSide, f)
-	}
-	if f.Channel == s.reserved {
-		s.reservedFrame(f) // the proxy's own: never relayed
-		return true
 	}
 	ch := s.chans.get(f.Channel)
 	if ch == nil {
@@ -186,20 +183,19 @@ func (s *session) upstreamClose(f wire.Frame) bool {
 }
 
 // proxyCloseUpstreamDone: RabbitMQ answered the proxy's channel.close; now
-// the client is told (or, if it closed the channel itself meanwhile,
-// answered).
+// the client is told, and the proxy waits for its close-ok. If the client
+// closed the channel itself meanwhile (crossing closes), its close is
+// answered too, after the proxy's, as RabbitMQ answers a close that
+// crosses its own: channel.close with the error, then channel.close-ok.
 func (s *session) proxyCloseUpstreamDone(ch *Channel) {
 	ch.mu.Lock()
-	if ch.clientClosed {
-		ch.mu.Unlock()
-		s.freeChannel(ch)
-		s.cw.q.pushNow(outItem{kind: itemLifecycle, ch: ch, buf: methodFrame(nil, ch.id, &wire.ChannelCloseOk{})})
-		return
-	}
 	ch.state.Store(chProxyClosingClient)
 	e := ch.closeErr
 	s.cw.q.pushNow(outItem{kind: itemLifecycle, ch: ch, buf: methodFrame(nil, ch.id, &wire.ChannelClose{
 		ReplyCode: e.Code, ReplyText: replyText(e), ClassID: e.ClassID, MethodID: e.MethodID})})
+	if ch.clientClosed {
+		s.cw.q.pushNow(outItem{kind: itemLifecycle, ch: ch, buf: methodFrame(nil, ch.id, &wire.ChannelCloseOk{})})
+	}
 	ch.mu.Unlock()
 }
 

@@ -160,6 +160,9 @@ type writer struct {
 	fail     func(error)   // called once on a write error
 	metrics  Metrics       // nil: none; relayed frames are counted per flush
 	arena    *arena        // the other hop's reader's arena, trimmed when idle; nil: none
+	// keepOpen, when set, is asked once the queue was closed and all of it
+	// written: true leaves the socket open (its reader closes it later).
+	keepOpen func() bool
 
 	frames, bytes int // relayed since the last flush
 
@@ -174,9 +177,15 @@ var heartbeatFrame = []byte{wire.FrameHeartbeat, 0, 0, 0, 0, 0, 0, wire.FrameEnd
 
 // run is the writer goroutine. It returns after the queue was closed and
 // drained, or after a write error; either way it closes the socket, which
-// ends the reader of the same socket.
+// ends the reader of the same socket, unless keepOpen says otherwise after
+// a clean end.
 func (w *writer) run() {
-	defer w.conn.Close()
+	clean := false
+	defer func() {
+		if !clean || w.keepOpen == nil || !w.keepOpen() {
+			w.conn.Close()
+		}
+	}()
 	var tick <-chan time.Time
 	if w.beat > 0 {
 		t := time.NewTicker(w.beat)
@@ -231,6 +240,7 @@ func (w *writer) run() {
 				w.frames, w.bytes = 0, 0
 			}
 			if closed {
+				clean = true
 				return
 			}
 			break

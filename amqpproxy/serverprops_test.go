@@ -1,0 +1,185 @@
+package amqpproxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+)
+
+// startOf sends the protocol header to addr and returns the
+// connection.start that answers it.
+func startOf(t *testing.T, addr string) *wire.ConnectionStart {
+	t.Helper()
+	c := rawDial(t, addr)
+	c.raw(wire.ProtocolHeader[:])
+	return c.expect(0, wire.IDConnectionStart).(*wire.ConnectionStart)
+}
+
+// propsEntry is the encoding of a table entry name => longstr value.
+func propsEntry(name, value string) []byte {
+	b := append([]byte{byte(len(name))}, name...)
+	b = append(b, 'S', byte(len(value)>>24), byte(len(value)>>16), byte(len(value)>>8), byte(len(value)))
+	return append(b, value...)
+}
+
+// TestServerPropertiesAreRabbitMQs: the connection.start a client gets from
+// the proxy carries RabbitMQ's own server properties, byte for byte
+// (product, version, platform, cluster_name, copyright, information and the
+// capabilities, in RabbitMQ's order), with one key added at the end:
+// "delayproxy" => Config.Version. The protocol version and locales are
+// RabbitMQ's; the mechanisms are RabbitMQ's that the proxy relays (PLAIN,
+// AMQPLAIN), in RabbitMQ's order. On RabbitMQ 3.10 and 4.3.
+func TestServerPropertiesAreRabbitMQs(t *testing.T) {
+	t.Parallel()
+	for _, up := range upstreams(t) {
+		t.Run(up.name, func(t *testing.T) {
+			t.Parallel()
+			direct := startOf(t, up.addr)
+			p := startProxy(t, Config{Upstream: up.url, Version: "delayproxy 1.2.3 (test)"})
+			got := startOf(t, p.addr)
+			want := append(bytes.Clone(direct.ServerProperties), propsEntry("delayproxy", "delayproxy 1.2.3 (test)")...)
+			if !bytes.Equal(got.ServerProperties, want) {
+				gm, _ := got.ServerProperties.Decode()
+				dm, _ := direct.ServerProperties.Decode()
+				t.Fatalf("server properties through the proxy:\n%v\nRabbitMQ's:\n%v", gm, dm)
+			}
+			if got.VersionMajor != direct.VersionMajor || got.VersionMinor != direct.VersionMinor || !bytes.Equal(got.Locales, direct.Locales) {
+				t.Fatalf("version %d-%d locales %q through the proxy, RabbitMQ's %d-%d %q",
+					got.VersionMajor, got.VersionMinor, got.Locales, direct.VersionMajor, direct.VersionMinor, direct.Locales)
+			}
+			var relayable [][]byte
+			for _, m := range bytes.Fields(direct.Mechanisms) {
+				if string(m) == "PLAIN" || string(m) == "AMQPLAIN" {
+					relayable = append(relayable, m)
+				}
+			}
+			if want := bytes.Join(relayable, []byte(" ")); !bytes.Equal(got.Mechanisms, want) {
+				t.Fatalf("mechanisms %q through the proxy, want %q (RabbitMQ offers %q)", got.Mechanisms, want, direct.Mechanisms)
+			}
+			dm, _ := direct.ServerProperties.Decode()
+			t.Logf("RabbitMQ %s: product %v version %v platform %v cluster_name %v; mechanisms %q -> %q",
+				up.name, dm["product"], dm["version"], dm["platform"], dm["cluster_name"], direct.Mechanisms, got.Mechanisms)
+		})
+	}
+}
+
+// TestServerPropertiesAmqplib: amqplib's own suite asserts product
+// "RabbitMQ"; through the proxy it holds, and amqplib reads RabbitMQ's
+// version and capabilities.
+func TestServerPropertiesAmqplib(t *testing.T) {
+	t.Parallel()
+	for _, up := range upstreams(t) {
+		t.Run(up.name, func(t *testing.T) {
+			t.Parallel()
+			direct, err := startOf(t, up.addr).ServerProperties.Decode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := startProxy(t, Config{Upstream: up.url, Version: "test"})
+			out, err := runNode(t, "amqplib_props.js", up.proxyURL(t, p))
+			if err != nil {
+				t.Fatalf("amqplib through the proxy: %v\n%s", err, out)
+			}
+			var got struct {
+				Product, Version, Delayproxy string
+				Capabilities                 map[string]bool
+			}
+			if err := json.Unmarshal(out, &got); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			rawCaps, _ := direct["capabilities"].(wire.Table)
+			caps, err := rawCaps.Decode()
+			if err != nil || len(caps) == 0 {
+				t.Fatalf("RabbitMQ's capabilities %v: %v", caps, err)
+			}
+			if got.Version != direct["version"] || got.Delayproxy != "test" || len(got.Capabilities) != len(caps) {
+				t.Fatalf("amqplib read %+v; RabbitMQ's version %v, capabilities %v", got, direct["version"], caps)
+			}
+			for c := range caps {
+				if !got.Capabilities[c] {
+					t.Fatalf("amqplib misses capability %s: %+v", c, got)
+				}
+			}
+		})
+	}
+}
+
+// TestServerPropertiesFollowAnUpgrade: a running proxy whose RabbitMQ is
+// replaced by another version (here: its upstream address moves from 3.10
+// to 4.3) greets the next client with the new RabbitMQ's properties.
+func TestServerPropertiesFollowAnUpgrade(t *testing.T) {
+	t.Parallel()
+	ups := upstreams(t)
+	sw := startSwitch(t, ups[0].addr)
+	p := startProxy(t, Config{Upstream: "amqp://" + sw.l.Addr().String()})
+	for _, up := range ups {
+		sw.target.Store(&up.addr)
+		want, _, _ := startOf(t, up.addr).ServerProperties.Get("version")
+		got, _, _ := startOf(t, p.addr).ServerProperties.Get("version")
+		if got != want {
+			t.Fatalf("behind RabbitMQ %s the proxy advertises version %v, want %v", up.name, got, want)
+		}
+	}
+}
+
+// When RabbitMQ cannot be reached the client is greeted all the same (with
+// the proxy's own properties), and told why after its start-ok:
+// TestUpstreamUnreachable.
+
+// upstreamSwitch forwards TCP connections to whatever target holds when
+// they are accepted.
+type upstreamSwitch struct {
+	l      net.Listener
+	target atomic.Pointer[string]
+}
+
+func startSwitch(t *testing.T, target string) *upstreamSwitch {
+	sw := &upstreamSwitch{l: listen(t)}
+	sw.target.Store(&target)
+	var wg sync.WaitGroup
+	var mu sync.Mutex // guards conns
+	conns := map[net.Conn]bool{}
+	track := func(c net.Conn) {
+		mu.Lock()
+		conns[c] = true
+		mu.Unlock()
+	}
+	wg.Go(func() {
+		for {
+			c, err := sw.l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", *sw.target.Load())
+			if err != nil {
+				c.Close()
+				continue
+			}
+			track(c)
+			track(up)
+			for _, pair := range [][2]net.Conn{{c, up}, {up, c}} {
+				wg.Go(func() {
+					_, _ = io.Copy(pair[0], pair[1])
+					pair[0].Close()
+					pair[1].Close()
+				})
+			}
+		}
+	})
+	t.Cleanup(func() {
+		sw.l.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return sw
+}
