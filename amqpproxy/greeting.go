@@ -2,6 +2,7 @@ package amqpproxy
 
 import (
 	"bytes"
+	"encoding/binary"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 )
@@ -63,7 +64,8 @@ func (srv *Server) greeting(up *wire.ConnectionStart) *wire.ConnectionStart {
 	}
 	props := up.ServerProperties
 	if v := srv.cfg.Version; v != "" {
-		if p, err := props.Set(propertyKey, v); err == nil {
+		field := binary.BigEndian.AppendUint32([]byte{'S'}, uint32(len(v)))
+		if p, err := props.With(propertyKey, append(field, v...)); err == nil {
 			props = p
 		} // else RabbitMQ's table is malformed: relay it as it is
 	}

@@ -2,6 +2,7 @@ package delayed_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os/exec"
@@ -170,12 +171,13 @@ func refusalFrames(t *testing.T, addr, exchange string, headers map[string]any) 
 		t.Fatal(err)
 	}
 	body := []byte("hello")
+	props := append(binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint16(nil, wire.FlagHeaders), uint32(len(h))), h...)
 	var b []byte
 	b = wire.AppendFrame(b, wire.Frame{Type: wire.FrameMethod, Channel: 1,
 		Payload: wire.AppendMethod(nil, &wire.BasicPublish{Exchange: exchange, RoutingKey: "k"})})
 	b = wire.AppendFrame(b, wire.Frame{Type: wire.FrameHeader, Channel: 1,
 		Payload: wire.AppendContentHeader(nil, wire.ContentHeader{ClassID: 60, BodySize: uint64(len(body)),
-			Properties: (&wire.Properties{Headers: h}).Append(nil)})})
+			Properties: props})})
 	b = wire.AppendFrame(b, wire.Frame{Type: wire.FrameBody, Channel: 1, Payload: body})
 	b = wire.AppendFrame(b, wire.Frame{Type: wire.FrameMethod, Channel: 1,
 		Payload: wire.AppendMethod(nil, &wire.ChannelClose{ReplyCode: wire.ReplySuccess, ReplyText: "bye"})})

@@ -263,6 +263,23 @@ func (t Table) find(name string) (at, n int, found, again bool, err error) {
 	return at, n, found, false, nil
 }
 
+// With returns a copy of t with name = field (a type code and its value):
+// the first entry of that name takes field in its place, later ones are
+// dropped, and without one the entry goes last. Every other entry is copied
+// byte-exact. It fails on a malformed t, field or name.
+func (t Table) With(name string, field []byte) (Table, error) {
+	if len(name) > math.MaxUint8 {
+		return nil, &Error{Code: SyntaxError, Text: "table entry name of " + strconv.Itoa(len(name)) + " bytes", cause: ErrTooLong}
+	}
+	if err := checkField(field); err != nil {
+		return nil, err
+	}
+	if _, _, _, _, err := t.find(name); err != nil {
+		return nil, err
+	}
+	return t.appendWith(make(Table, 0, len(t)+1+len(name)+len(field)), name, field), nil
+}
+
 // appendWith appends t's entries to dst with name = field (a type code and
 // its value): the first entry of that name takes field in its place, later
 // ones are dropped, and without one the entry goes last. Every other entry
