@@ -57,6 +57,15 @@ func Each(t *testing.T, f func(t *testing.T, b Broker)) {
 	}
 }
 
+// EachInTurn runs f on each broker as a subtest of t named after it, one
+// after the other: for tests that disturb the broker they run on.
+func EachInTurn(t *testing.T, f func(t *testing.T, b Broker)) {
+	t.Helper()
+	for _, b := range Brokers(t) {
+		t.Run(b.Name, func(t *testing.T) { f(t, b) })
+	}
+}
+
 // envOr is the environment variable name, or def when it is empty.
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
