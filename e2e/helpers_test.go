@@ -53,11 +53,33 @@ func startProxy(t testing.TB, opt func(*delayproxy.Config)) *testProxy {
 	return startProxyWith(t, opt, testlog.New())
 }
 
+// startProxyOn is startProxy in front of broker b.
+func startProxyOn(t testing.TB, b testbroker.Broker, opt func(*delayproxy.Config)) *testProxy {
+	t.Helper()
+	return startProxyWith(t, upstream(b, opt), testlog.New())
+}
+
+// upstream is opt (which may be nil) after setting the upstream to b.
+func upstream(b testbroker.Broker, opt func(*delayproxy.Config)) func(*delayproxy.Config) {
+	return func(c *delayproxy.Config) {
+		c.UpstreamURL = b.URL
+		if opt != nil {
+			opt(c)
+		}
+	}
+}
+
 // startConfirmed is startProxy(t, nil) and a confirm-mode channel of a
 // client connection through it.
 func startConfirmed(t testing.TB) (*testProxy, *amqp.Channel) {
 	t.Helper()
-	tp := startProxy(t, nil)
+	return startConfirmedOn(t, testbroker.Default(t))
+}
+
+// startConfirmedOn is startConfirmed in front of broker b.
+func startConfirmedOn(t testing.TB, b testbroker.Broker) (*testProxy, *amqp.Channel) {
+	t.Helper()
+	tp := startProxyOn(t, b, nil)
 	return tp, confirmChannel(t, tp.dial(t))
 }
 
@@ -245,6 +267,12 @@ func randHex(t testing.TB, n int) string {
 // deletes it on the broker in t.Cleanup.
 func declareDelayed(t testing.TB, ch *amqp.Channel, typ string, extra amqp.Table) string {
 	t.Helper()
+	return declareDelayedOn(t, testbroker.Default(t), ch, typ, extra)
+}
+
+// declareDelayedOn is declareDelayed through a proxy in front of broker b.
+func declareDelayedOn(t testing.TB, b testbroker.Broker, ch *amqp.Channel, typ string, extra amqp.Table) string {
+	t.Helper()
 	name := testbroker.UniqueName(t, "x")
 	args := amqp.Table{"x-delayed-type": typ}
 	for k, v := range extra {
@@ -253,7 +281,7 @@ func declareDelayed(t testing.TB, ch *amqp.Channel, typ string, extra amqp.Table
 	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, args); err != nil {
 		t.Fatalf("declare delayed exchange %s (%s): %v", name, typ, err)
 	}
-	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
+	t.Cleanup(func() { b.DeleteExchange(t, name) })
 	return name
 }
 
@@ -261,34 +289,46 @@ func declareDelayed(t testing.TB, ch *amqp.Channel, typ string, extra amqp.Table
 // survives broker faults) and deletes it in t.Cleanup.
 func declareQueue(t testing.TB, args amqp.Table) string {
 	t.Helper()
+	return declareQueueOn(t, testbroker.Default(t), args)
+}
+
+// declareQueueOn is declareQueue on broker b.
+func declareQueueOn(t testing.TB, b testbroker.Broker, args amqp.Table) string {
+	t.Helper()
 	name := testbroker.UniqueName(t, "q")
-	ch := testbroker.Channel(t, dialBroker(t))
+	ch := testbroker.Channel(t, testbroker.Dial(t, b.URL))
 	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
 		t.Fatalf("declare queue: %v", err)
 	}
 	ch.Close()
-	t.Cleanup(func() { testbroker.DeleteQueue(t, name) })
+	t.Cleanup(func() { b.DeleteQueue(t, name) })
 	return name
 }
 
-// declarePlainExchange declares a non-delayed exchange on the broker and
+// declarePlainExchangeOn declares a non-delayed exchange on broker b and
 // deletes it in t.Cleanup.
-func declarePlainExchange(t testing.TB, typ string) string {
+func declarePlainExchangeOn(t testing.TB, b testbroker.Broker, typ string) string {
 	t.Helper()
 	name := testbroker.UniqueName(t, "px")
-	ch := testbroker.Channel(t, dialBroker(t))
+	ch := testbroker.Channel(t, testbroker.Dial(t, b.URL))
 	if err := ch.ExchangeDeclare(name, typ, true, false, false, false, nil); err != nil {
 		t.Fatalf("declare exchange: %v", err)
 	}
 	ch.Close()
-	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
+	t.Cleanup(func() { b.DeleteExchange(t, name) })
 	return name
 }
 
 // bind binds queue to exchange on the broker.
 func bind(t testing.TB, queue, key, exchange string, args amqp.Table) {
 	t.Helper()
-	ch := testbroker.Channel(t, dialBroker(t))
+	bindOn(t, testbroker.Default(t), queue, key, exchange, args)
+}
+
+// bindOn is bind on broker b.
+func bindOn(t testing.TB, b testbroker.Broker, queue, key, exchange string, args amqp.Table) {
+	t.Helper()
+	ch := testbroker.Channel(t, testbroker.Dial(t, b.URL))
 	defer ch.Close()
 	if err := ch.QueueBind(queue, key, exchange, false, args); err != nil {
 		t.Fatalf("bind %s to %s (%q): %v", queue, exchange, key, err)
@@ -344,12 +384,13 @@ type consumer struct {
 	done chan struct{} // closed when the delivery channel closed
 }
 
-// delayedFanout declares a delayed fanout exchange through ch and a queue
-// bound to it, consumed straight from RabbitMQ.
-func delayedFanout(t testing.TB, ch *amqp.Channel) (ex, q string, cons *consumer) {
+// delayedFanoutOn declares a delayed fanout exchange through ch (a channel
+// of a proxy in front of broker b) and a queue bound to it, consumed
+// straight from b.
+func delayedFanoutOn(t testing.TB, b testbroker.Broker, ch *amqp.Channel) (ex, q string, cons *consumer) {
 	t.Helper()
-	ex, q = delayedQueue(t, ch, "fanout", "")
-	return ex, q, consume(t, dialBroker(t), q)
+	ex, q = delayedQueueOn(t, b, ch, "fanout", "")
+	return ex, q, consume(t, testbroker.Dial(t, b.URL), q)
 }
 
 // delayedQueue declares, through ch (a proxy channel), a delayed exchange
@@ -357,9 +398,15 @@ func delayedFanout(t testing.TB, ch *amqp.Channel) (ex, q string, cons *consumer
 // both are deleted in t.Cleanup.
 func delayedQueue(t testing.TB, ch *amqp.Channel, typ, key string) (ex, q string) {
 	t.Helper()
-	ex = declareDelayed(t, ch, typ, nil)
-	q = declareQueue(t, nil)
-	bind(t, q, key, ex, nil)
+	return delayedQueueOn(t, testbroker.Default(t), ch, typ, key)
+}
+
+// delayedQueueOn is delayedQueue through a proxy in front of broker b.
+func delayedQueueOn(t testing.TB, b testbroker.Broker, ch *amqp.Channel, typ, key string) (ex, q string) {
+	t.Helper()
+	ex = declareDelayedOn(t, b, ch, typ, nil)
+	q = declareQueueOn(t, b, nil)
+	bindOn(t, b, q, key, ex, nil)
 	return ex, q
 }
 
@@ -552,7 +599,13 @@ func (tp *testProxy) metric(t testing.TB, series string) float64 {
 // it is empty.
 func drain(t testing.TB, queue string) []amqp.Delivery {
 	t.Helper()
-	ch := testbroker.Channel(t, dialBroker(t))
+	return drainOn(t, testbroker.Default(t), queue)
+}
+
+// drainOn is drain on broker b.
+func drainOn(t testing.TB, b testbroker.Broker, queue string) []amqp.Delivery {
+	t.Helper()
+	ch := testbroker.Channel(t, testbroker.Dial(t, b.URL))
 	defer ch.Close()
 	var out []amqp.Delivery
 	for {
@@ -570,7 +623,13 @@ func drain(t testing.TB, queue string) []amqp.Delivery {
 // queueDepth is the number of ready messages in queue.
 func queueDepth(t testing.TB, queue string) int {
 	t.Helper()
-	ch := testbroker.Channel(t, dialBroker(t))
+	return queueDepthOn(t, testbroker.Default(t), queue)
+}
+
+// queueDepthOn is queueDepth on broker b.
+func queueDepthOn(t testing.TB, b testbroker.Broker, queue string) int {
+	t.Helper()
+	ch := testbroker.Channel(t, testbroker.Dial(t, b.URL))
 	defer ch.Close()
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
