@@ -16,32 +16,40 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// TestFaultConnectionBlocked sets RabbitMQ's memory alarm: connection.blocked
-// and unblocked reach the client. Not parallel, and the alarm is always
-// cleared: it blocks every publisher on the broker.
+// TestFaultConnectionBlocked sets RabbitMQ's memory alarm, on each broker in
+// turn: connection.blocked and unblocked reach the client. Not parallel,
+// and the watermark is always put back: the alarm blocks every publisher on
+// the broker.
 func TestFaultConnectionBlocked(t *testing.T) {
-	p := startProxy(t, Config{})
-	q := declareQueue(t, nil)
+	testbroker.EachInTurn(t, testFaultConnectionBlocked)
+}
+
+// testFaultConnectionBlocked is TestFaultConnectionBlocked on broker b.
+func testFaultConnectionBlocked(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
+	q := declareQueueOn(t, b, nil)
 	conn := p.dial(t, amqp.Config{})
 	ch := testbroker.Channel(t, conn)
 	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	t.Cleanup(func() { testbroker.Ctl(t, "set_vm_memory_high_watermark", "0.4") })
-	testbroker.Ctl(t, "set_vm_memory_high_watermark", "0.0000001")
+	// 3.10's default is 0.4, 4.3's 0.6.
+	watermark := strings.TrimSpace(b.Ctl(t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
+	t.Cleanup(func() { b.Ctl(t, "set_vm_memory_high_watermark", watermark) })
+	b.Ctl(t, "set_vm_memory_high_watermark", "0.0000001")
 	// RabbitMQ blocks a connection (and says so) when it next publishes.
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("held back")})
 	select {
-	case b := <-blocked:
-		if !b.Active || !strings.Contains(b.Reason, "memory") {
-			t.Fatalf("blocked %+v", b)
+	case bl := <-blocked:
+		if !bl.Active || !strings.Contains(bl.Reason, "memory") {
+			t.Fatalf("blocked %+v", bl)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("no connection.blocked")
 	}
-	testbroker.Ctl(t, "set_vm_memory_high_watermark", "0.4")
+	b.Ctl(t, "set_vm_memory_high_watermark", watermark)
 	select {
-	case b := <-blocked:
-		if b.Active {
-			t.Fatalf("unblocked %+v", b)
+	case bl := <-blocked:
+		if bl.Active {
+			t.Fatalf("unblocked %+v", bl)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("no connection.unblocked")

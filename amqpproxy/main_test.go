@@ -18,20 +18,27 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// testProxy is a Server listening on a loopback port in front of the test
+// testProxy is a Server listening on a loopback port in front of a test
 // broker.
 type testProxy struct {
-	srv  *Server
-	addr string
+	srv    *Server
+	addr   string
+	broker testbroker.Broker // whose credentials and vhost clients use
 }
 
-// startProxy starts a Server for the test; cfg.Upstream defaults to the
-// test broker. The Server is closed in t.Cleanup, and Serve must return
-// ErrServerClosed.
+// startProxy starts a Server for the test in front of the default broker
+// (startProxyOn).
 func startProxy(t testing.TB, cfg Config) *testProxy {
 	t.Helper()
+	return startProxyOn(t, testbroker.Default(t), cfg)
+}
+
+// startProxyOn starts a Server for the test; cfg.Upstream defaults to b.
+// The Server is closed in t.Cleanup, and Serve must return ErrServerClosed.
+func startProxyOn(t testing.TB, b testbroker.Broker, cfg Config) *testProxy {
+	t.Helper()
 	if cfg.Upstream == "" {
-		cfg.Upstream = testbroker.URL(t)
+		cfg.Upstream = b.URL
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = testlog.New()
@@ -40,12 +47,12 @@ func startProxy(t testing.TB, cfg Config) *testProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testProxy{srv: srv, addr: testserver.Serve(t, srv, ErrServerClosed)}
+	return &testProxy{srv: srv, addr: testserver.Serve(t, srv, ErrServerClosed), broker: b}
 }
 
 // url is the proxy's address with the broker's credentials and vhost.
 func (p *testProxy) url(t testing.TB) string {
-	u, err := url.Parse(testbroker.URL(t))
+	u, err := url.Parse(p.broker.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,23 +72,28 @@ func (p *testProxy) dial(t testing.TB, cfg amqp.Config) *amqp.Connection {
 	return c
 }
 
-// dialBroker connects straight to RabbitMQ; closed in Cleanup.
+// dialBroker connects straight to the default broker; closed in Cleanup.
 func dialBroker(t testing.TB) *amqp.Connection {
 	t.Helper()
 	return testbroker.Dial(t, testbroker.URL(t))
 }
 
-// declareQueue declares a queue straight on the broker and deletes it in
-// Cleanup.
+// declareQueue declares a queue straight on the default broker
+// (declareQueueOn).
 func declareQueue(t testing.TB, args amqp.Table) string {
 	t.Helper()
+	return declareQueueOn(t, testbroker.Default(t), args)
+}
+
+// declareQueueOn declares a queue straight on b and deletes it in Cleanup.
+func declareQueueOn(t testing.TB, b testbroker.Broker, args amqp.Table) string {
+	t.Helper()
 	name := testbroker.UniqueName(t, "q")
-	conn := dialBroker(t)
-	ch := testbroker.Channel(t, conn)
+	ch := testbroker.Channel(t, testbroker.Dial(t, b.URL))
 	if _, err := ch.QueueDeclare(name, false, false, false, false, args); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { testbroker.DeleteQueue(t, name) })
+	t.Cleanup(func() { b.DeleteQueue(t, name) })
 	return name
 }
 

@@ -15,7 +15,9 @@ import (
 )
 
 // Every test here runs amqp091-go through the proxy against the real
-// RabbitMQ.
+// RabbitMQ, on each broker (3.10 and 4.3). What RabbitMQ itself does with
+// messages (delivery counts, dead-lettering, TTL, priorities) is checked
+// against direct in brokerbehaviour_test.go.
 
 func publish(t testing.TB, ch *amqp.Channel, exchange, key string, m amqp.Publishing) {
 	t.Helper()
@@ -73,8 +75,13 @@ func get(t testing.TB, ch *amqp.Channel, q string) amqp.Delivery {
 
 func TestPublishConsumeAck(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
-	q := declareQueue(t, nil)
+	testbroker.Each(t, testPublishConsumeAck)
+}
+
+// testPublishConsumeAck is TestPublishConsumeAck on broker b.
+func testPublishConsumeAck(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
+	q := declareQueueOn(t, b, nil)
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
@@ -102,147 +109,17 @@ func TestPublishConsumeAck(t *testing.T) {
 	}
 }
 
-// TestRejectNackQuorum: a reject with requeue on a quorum queue comes back
-// with x-delivery-count 1; a reject or nack without requeue dead-letters.
-func TestRejectNackQuorum(t *testing.T) {
-	t.Parallel()
-	p := startProxy(t, Config{})
-	dlq := declareQueue(t, nil)
-	q := testbroker.UniqueName(t, "q")
-	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
-	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{
-		"x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq,
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { testbroker.DeleteQueue(t, q) })
-	if err := ch.Qos(1, 0, false); err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := ch.Consume(q, "", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	publish(t, ch, "", q, amqp.Publishing{Body: []byte("one")})
-	m := next(t, msgs)
-	if m.Redelivered {
-		t.Fatal("first delivery marked redelivered")
-	}
-	if err := m.Reject(true); err != nil {
-		t.Fatal(err)
-	}
-	m = next(t, msgs)
-	if !m.Redelivered || m.Headers["x-delivery-count"] != int64(1) {
-		t.Fatalf("after reject with requeue: redelivered %v, headers %v", m.Redelivered, m.Headers)
-	}
-	if err := m.Nack(false, true); err != nil { // nack with requeue: count 2
-		t.Fatal(err)
-	}
-	m = next(t, msgs)
-	if m.Headers["x-delivery-count"] != int64(2) {
-		t.Fatalf("after nack with requeue: headers %v", m.Headers)
-	}
-	if err := m.Reject(false); err != nil {
-		t.Fatal(err)
-	}
-	publish(t, ch, "", q, amqp.Publishing{Body: []byte("two")})
-	m = next(t, msgs)
-	if err := m.Nack(false, false); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"one", "two"} {
-		d := get(t, ch, dlq)
-		deaths, _ := d.Headers["x-death"].([]any)
-		if string(d.Body) != want || len(deaths) == 0 {
-			t.Fatalf("dead-lettered %q with x-death %v, want %q", d.Body, d.Headers["x-death"], want)
-		}
-		if reason := deaths[0].(amqp.Table)["reason"]; reason != "rejected" {
-			t.Fatalf("x-death reason %v", reason)
-		}
-	}
-}
-
-// TestTTL: per-message and per-queue TTL expire messages into the dead
-// letter queue.
-func TestTTL(t *testing.T) {
-	t.Parallel()
-	p := startProxy(t, Config{})
-	dlq := declareQueue(t, nil)
-	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
-	perMsg := testbroker.UniqueName(t, "q")
-	perQueue := testbroker.UniqueName(t, "q")
-	for _, q := range []struct {
-		name string
-		args amqp.Table
-	}{
-		{perMsg, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq}},
-		{perQueue, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq, "x-message-ttl": int32(50)}},
-	} {
-		if _, err := ch.QueueDeclare(q.name, false, false, false, false, q.args); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { testbroker.DeleteQueue(t, q.name) })
-	}
-	publish(t, ch, "", perMsg, amqp.Publishing{Body: []byte("per-message"), Expiration: "50"})
-	publish(t, ch, "", perQueue, amqp.Publishing{Body: []byte("per-queue")})
-	got := map[string]bool{}
-	for range 2 {
-		d := get(t, ch, dlq)
-		deaths, _ := d.Headers["x-death"].([]any)
-		if len(deaths) == 0 || deaths[0].(amqp.Table)["reason"] != "expired" {
-			t.Fatalf("%q dead-lettered with x-death %v", d.Body, d.Headers["x-death"])
-		}
-		got[string(d.Body)] = true
-	}
-	if !got["per-message"] || !got["per-queue"] {
-		t.Fatalf("expired: %v", got)
-	}
-}
-
-func TestMaxLength(t *testing.T) {
-	t.Parallel()
-	p := startProxy(t, Config{})
-	q := declareQueue(t, amqp.Table{"x-max-length": int32(2)})
-	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 5 {
-		confirmedPublish(t, ch, "", q, false, amqp.Publishing{Body: []byte{byte('0' + i)}})
-	}
-	st, err := ch.QueueDeclarePassive(q, false, false, false, false, nil)
-	if err != nil || st.Messages != 2 {
-		t.Fatalf("queue holds %d messages (%v), want 2", st.Messages, err)
-	}
-	if d := get(t, ch, q); string(d.Body) != "3" {
-		t.Fatalf("head is %q, want 3 (drop-head)", d.Body)
-	}
-}
-
-func TestPriorityQueue(t *testing.T) {
-	t.Parallel()
-	p := startProxy(t, Config{})
-	q := declareQueue(t, amqp.Table{"x-max-priority": int32(10)})
-	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	for _, prio := range []uint8{1, 9, 0, 5} {
-		confirmedPublish(t, ch, "", q, false, amqp.Publishing{Priority: prio, Body: []byte{prio}})
-	}
-	for _, want := range []uint8{9, 5, 1, 0} {
-		if d := get(t, ch, q); d.Priority != want {
-			t.Fatalf("got priority %d, want %d", d.Priority, want)
-		}
-	}
-}
-
 // TestConfirmsMany publishes a burst without waiting, so that RabbitMQ
 // answers with multiple acks, and checks every tag is acked once, in order.
 func TestConfirmsMany(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
-	q := declareQueue(t, nil)
+	testbroker.Each(t, testConfirmsMany)
+}
+
+// testConfirmsMany is TestConfirmsMany on broker b.
+func testConfirmsMany(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
+	q := declareQueueOn(t, b, nil)
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
@@ -274,7 +151,12 @@ func TestConfirmsMany(t *testing.T) {
 // as basic.return 312 NO_ROUTE, before its ack, on the wire.
 func TestMandatoryReturnBeforeAck(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
+	testbroker.Each(t, testMandatoryReturnBeforeAck)
+}
+
+// testMandatoryReturnBeforeAck is TestMandatoryReturnBeforeAck on broker b.
+func testMandatoryReturnBeforeAck(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
 	c := rawDial(t, p.addr)
 	c.open(rawLogin{})
 	c.send(1, &wire.ChannelOpen{})
@@ -325,8 +207,13 @@ func TestMandatoryReturnBeforeAck(t *testing.T) {
 
 func TestTxCommitRollback(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
-	q := declareQueue(t, nil)
+	testbroker.Each(t, testTxCommitRollback)
+}
+
+// testTxCommitRollback is TestTxCommitRollback on broker b.
+func testTxCommitRollback(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
+	q := declareQueueOn(t, b, nil)
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
@@ -356,8 +243,13 @@ func TestTxCommitRollback(t *testing.T) {
 
 func TestBasicGetPurgeRecover(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
-	q := declareQueue(t, nil)
+	testbroker.Each(t, testBasicGetPurgeRecover)
+}
+
+// testBasicGetPurgeRecover is TestBasicGetPurgeRecover on broker b.
+func testBasicGetPurgeRecover(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
+	q := declareQueueOn(t, b, nil)
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if _, ok, err := ch.Get(q, false); err != nil || ok {
 		t.Fatalf("get on an empty queue: %v %v", ok, err)
@@ -390,14 +282,19 @@ func TestBasicGetPurgeRecover(t *testing.T) {
 
 func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
+	testbroker.Each(t, testExclusiveAndAutoDeleteQueues)
+}
+
+// testExclusiveAndAutoDeleteQueues is TestExclusiveAndAutoDeleteQueues on broker b.
+func testExclusiveAndAutoDeleteQueues(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
 	a := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	excl, err := a.QueueDeclare("", false, false, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := testbroker.Channel(t, p.dial(t, amqp.Config{}))
-	_, err = b.QueueDeclarePassive(excl.Name, false, false, true, false, nil)
+	other := testbroker.Channel(t, p.dial(t, amqp.Config{}))
+	_, err = other.QueueDeclarePassive(excl.Name, false, false, true, false, nil)
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || ae.Code != amqp.ResourceLocked {
 		t.Fatalf("other connection on an exclusive queue: %v", err)
@@ -428,16 +325,21 @@ func TestExclusiveAndAutoDeleteQueues(t *testing.T) {
 
 func TestExchangeToExchangeBinding(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
+	testbroker.Each(t, testExchangeToExchangeBinding)
+}
+
+// testExchangeToExchangeBinding is TestExchangeToExchangeBinding on broker b.
+func testExchangeToExchangeBinding(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	src, dst := testbroker.UniqueName(t, "q"), testbroker.UniqueName(t, "q")
 	for _, e := range []struct{ name, kind string }{{src, "fanout"}, {dst, "direct"}} {
 		if err := ch.ExchangeDeclare(e.name, e.kind, false, false, false, false, nil); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { testbroker.DeleteExchange(t, e.name) })
+		t.Cleanup(func() { b.DeleteExchange(t, e.name) })
 	}
-	q := declareQueue(t, nil)
+	q := declareQueueOn(t, b, nil)
 	if err := ch.QueueBind(q, "k", dst, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -481,7 +383,12 @@ func TestExchangeToExchangeBinding(t *testing.T) {
 // channel; the connection and its other channels go on.
 func TestChannelErrorClosesOnlyThatChannel(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
+	testbroker.Each(t, testChannelErrorClosesOnlyThatChannel)
+}
+
+// testChannelErrorClosesOnlyThatChannel is TestChannelErrorClosesOnlyThatChannel on broker b.
+func testChannelErrorClosesOnlyThatChannel(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
 	conn := p.dial(t, amqp.Config{})
 	bad, good := testbroker.Channel(t, conn), testbroker.Channel(t, conn)
 	closed := bad.NotifyClose(make(chan *amqp.Error, 1))
@@ -493,7 +400,7 @@ func TestChannelErrorClosesOnlyThatChannel(t *testing.T) {
 	if e := <-closed; e == nil || e.Code != amqp.NotFound {
 		t.Fatalf("channel closed with %v", e)
 	}
-	q := declareQueue(t, nil)
+	q := declareQueueOn(t, b, nil)
 	if _, err := good.QueueDeclarePassive(q, false, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -510,14 +417,19 @@ func TestChannelErrorClosesOnlyThatChannel(t *testing.T) {
 // basic.cancel from the server.
 func TestConsumerCancelNotify(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
-	q := declareQueue(t, nil)
+	testbroker.Each(t, testConsumerCancelNotify)
+}
+
+// testConsumerCancelNotify is TestConsumerCancelNotify on broker b.
+func testConsumerCancelNotify(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
+	q := declareQueueOn(t, b, nil)
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	cancels := ch.NotifyCancel(make(chan string, 1))
 	if _, err := ch.Consume(q, "the-consumer", false, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	testbroker.DeleteQueue(t, q)
+	b.DeleteQueue(t, q)
 	select {
 	case tag := <-cancels:
 		if tag != "the-consumer" {
@@ -528,13 +440,18 @@ func TestConsumerCancelNotify(t *testing.T) {
 	}
 }
 
-// TestLargeBodySmallFrames: a 10 MiB body with frame_max 4096 on the
-// client; both hops use the client's frame_max.
+// TestLargeBodySmallFrames: a 10 MiB body with frame_max 8192 (4.3's
+// minimum) on the client; both hops use the client's frame_max.
 func TestLargeBodySmallFrames(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
-	q := declareQueue(t, nil)
-	ch := testbroker.Channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
+	testbroker.Each(t, testLargeBodySmallFrames)
+}
+
+// testLargeBodySmallFrames is TestLargeBodySmallFrames on broker b.
+func testLargeBodySmallFrames(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
+	q := declareQueueOn(t, b, nil)
+	ch := testbroker.Channel(t, p.dial(t, amqp.Config{FrameSize: 8192}))
 	body := make([]byte, 10<<20)
 	for i := range body {
 		body[i] = byte(i * 7)
@@ -555,8 +472,13 @@ func TestLargeBodySmallFrames(t *testing.T) {
 // connection stays up for more than three intervals.
 func TestHeartbeatsKeepIdleConnection(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
-	q := declareQueue(t, nil)
+	testbroker.Each(t, testHeartbeatsKeepIdleConnection)
+}
+
+// testHeartbeatsKeepIdleConnection is TestHeartbeatsKeepIdleConnection on broker b.
+func testHeartbeatsKeepIdleConnection(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
+	q := declareQueueOn(t, b, nil)
 	conn := p.dial(t, amqp.Config{Heartbeat: time.Second})
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	ch := testbroker.Channel(t, conn)
@@ -573,7 +495,12 @@ func TestHeartbeatsKeepIdleConnection(t *testing.T) {
 
 func TestChannelFlowRelayed(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
+	testbroker.Each(t, testChannelFlowRelayed)
+}
+
+// testChannelFlowRelayed is TestChannelFlowRelayed on broker b.
+func testChannelFlowRelayed(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
 	conn := p.dial(t, amqp.Config{})
 	ch := testbroker.Channel(t, conn)
 	if err := ch.Flow(true); err != nil {
@@ -589,7 +516,12 @@ func TestChannelFlowRelayed(t *testing.T) {
 
 func TestAMQPLAIN(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, Config{})
+	testbroker.Each(t, testAMQPLAIN)
+}
+
+// testAMQPLAIN is TestAMQPLAIN on broker b.
+func testAMQPLAIN(t *testing.T, b testbroker.Broker) {
+	p := startProxyOn(t, b, Config{})
 	conn := p.dial(t, amqp.Config{SASL: []amqp.Authentication{&amqp.AMQPlainAuth{Username: "guest", Password: "guest"}}})
 	if _, err := testbroker.Channel(t, conn).QueueDeclare("", false, true, true, false, nil); err != nil {
 		t.Fatal(err)

@@ -22,17 +22,25 @@ import (
 // client connected straight to RabbitMQ gets it.
 func TestDelayedExchange_DeclareErrors(t *testing.T) {
 	t.Parallel()
-	const mustExist = "PRECONDITION_FAILED - Invalid argument, 'x-delayed-type' must be an existing exchange type"
-	tp := startProxy(t, nil)
+	testbroker.Each(t, testDelayedExchangeDeclareErrors)
+}
 
-	// What RabbitMQ itself answers for an unknown exchange type.
-	direct := dialBroker(t)
-	connClosed := direct.NotifyClose(make(chan *amqp.Error, 1))
-	err := testbroker.Channel(t, direct).ExchangeDeclare(testbroker.UniqueName(t, "nope"), "x-nope", false, true, false, false, nil)
-	want := testbroker.AwaitClose(t, connClosed, 15*time.Second)
-	if !errorIs(err, amqp.CommandInvalid, "x-nope") {
-		t.Fatalf("RabbitMQ answered an unknown type with %v; the test expects 503 COMMAND_INVALID", err)
+// testDelayedExchangeDeclareErrors is TestDelayedExchange_DeclareErrors on broker b.
+func testDelayedExchangeDeclareErrors(t *testing.T, b testbroker.Broker) {
+	const mustExist = "PRECONDITION_FAILED - Invalid argument, 'x-delayed-type' must be an existing exchange type"
+	tp := startProxyOn(t, b, nil)
+
+	// What RabbitMQ itself answers for an unknown exchange type: 3.10
+	// closes the connection (503), 4.3 only the channel (406).
+	direct := testbroker.Dial(t, b.URL)
+	dch := testbroker.Channel(t, direct)
+	dchClosed := dch.NotifyClose(make(chan *amqp.Error, 1))
+	err := dch.ExchangeDeclare(testbroker.UniqueName(t, "nope"), "x-nope", false, true, false, false, nil)
+	want := testbroker.AwaitClose(t, dchClosed, 15*time.Second)
+	if !errorIs(err, want.Code, "x-nope") {
+		t.Fatalf("RabbitMQ answered an unknown type with %v", err)
 	}
+	wantConnLevel := direct.IsClosed() // set before its channels are told
 
 	tests := []struct {
 		name      string
@@ -47,7 +55,7 @@ func TestDelayedExchange_DeclareErrors(t *testing.T) {
 		{name: "table", args: amqp.Table{"x-delayed-type": amqp.Table{"direct": true}}, code: amqp.PreconditionFailed, reason: mustExist},
 		{name: "itself", args: amqp.Table{"x-delayed-type": "x-delayed-message"}, code: amqp.PreconditionFailed,
 			reason: "PRECONDITION_FAILED - Invalid argument, 'x-delayed-message' can't be used for 'x-delayed-type'"},
-		{name: "unknown type", args: amqp.Table{"x-delayed-type": "x-nope"}, code: want.Code, reason: want.Reason, connLevel: true},
+		{name: "unknown type", args: amqp.Table{"x-delayed-type": "x-nope"}, code: want.Code, reason: want.Reason, connLevel: wantConnLevel},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -76,10 +84,10 @@ func TestDelayedExchange_DeclareErrors(t *testing.T) {
 			if code, body := tp.httpDo(t, http.MethodGet, exchangePath(name)); code != http.StatusNotFound {
 				t.Errorf("refused exchange is in the registry: %d %s", code, body)
 			}
-			bch := testbroker.Channel(t, dialBroker(t))
+			bch := testbroker.Channel(t, testbroker.Dial(t, b.URL))
 			if err := bch.ExchangeDeclarePassive(name, "direct", true, false, false, false, nil); !errorIs(err, amqp.NotFound, "") {
 				t.Errorf("refused exchange exists upstream: %v", err)
-				bch2 := testbroker.Channel(t, dialBroker(t))
+				bch2 := testbroker.Channel(t, testbroker.Dial(t, b.URL))
 				bch2.ExchangeDelete(name, false, false)
 			}
 		})
@@ -91,13 +99,18 @@ func TestDelayedExchange_DeclareErrors(t *testing.T) {
 // different arguments get RabbitMQ's 406 and change nothing.
 func TestDelayedExchange_Redeclare(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
+	testbroker.Each(t, testDelayedExchangeRedeclare)
+}
+
+// testDelayedExchangeRedeclare is TestDelayedExchange_Redeclare on broker b.
+func testDelayedExchangeRedeclare(t *testing.T, b testbroker.Broker) {
+	tp := startProxyOn(t, b, nil)
 	conn := tp.dial(t)
 	ch := confirmChannel(t, conn)
-	ex := declareDelayed(t, ch, "direct", amqp.Table{"note": "v1"})
-	q := declareQueue(t, nil)
-	bind(t, q, "k", ex, nil)
-	cons := consume(t, dialBroker(t), q)
+	ex := declareDelayedOn(t, b, ch, "direct", amqp.Table{"note": "v1"})
+	q := declareQueueOn(t, b, nil)
+	bindOn(t, b, q, "k", ex, nil)
+	cons := consume(t, testbroker.Dial(t, b.URL), q)
 
 	start := time.Now()
 	publishConfirmed(t, ch, ex, "k", false, delayedMsg(int32(1500), "before"))
@@ -152,18 +165,23 @@ func TestDelayedExchange_Redeclare(t *testing.T) {
 // no-wait declare, without waiting for anything, is still delayed.
 func TestDelayedExchange_NoWaitDeclareThenPublish(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
+	testbroker.Each(t, testDelayedExchangeNoWaitDeclareThenPublish)
+}
+
+// testDelayedExchangeNoWaitDeclareThenPublish is TestDelayedExchange_NoWaitDeclareThenPublish on broker b.
+func testDelayedExchangeNoWaitDeclareThenPublish(t *testing.T, b testbroker.Broker) {
+	tp := startProxyOn(t, b, nil)
 	conn := tp.dial(t)
 	ch := testbroker.Channel(t, conn)
 	ex := testbroker.UniqueName(t, "x")
-	t.Cleanup(func() { testbroker.DeleteExchange(t, ex) })
+	t.Cleanup(func() { b.DeleteExchange(t, ex) })
 	start := time.Now()
 	if err := ch.ExchangeDeclare(ex, "x-delayed-message", true, false, false, true, amqp.Table{"x-delayed-type": "fanout"}); err != nil {
 		t.Fatal(err)
 	}
 	publish(t, ch, ex, "", delayedMsg("800", "nowait"))
 	// The binding comes after the publish: the message is routed at release.
-	q := declareQueue(t, nil)
+	q := declareQueueOn(t, b, nil)
 	if err := ch.QueueBind(q, "", ex, false, nil); err != nil {
 		t.Fatalf("bind after the no-wait declare: %v", err)
 	}
@@ -182,10 +200,15 @@ func TestDelayedExchange_NoWaitDeclareThenPublish(t *testing.T) {
 // never gets them.
 func TestExchangeDelete_DiscardsPending(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
+	testbroker.Each(t, testExchangeDeleteDiscardsPending)
+}
+
+// testExchangeDeleteDiscardsPending is TestExchangeDelete_DiscardsPending on broker b.
+func testExchangeDeleteDiscardsPending(t *testing.T, b testbroker.Broker) {
+	tp := startProxyOn(t, b, nil)
 	conn := tp.dial(t)
 	ch := confirmChannel(t, conn)
-	ex, q, cons := delayedFanout(t, ch)
+	ex, q, cons := delayedFanoutOn(t, b, ch)
 	for i := range 5 {
 		publishConfirmed(t, ch, ex, "", false, delayedMsg(int32(600), fmt.Sprint("old", i)))
 	}
@@ -203,14 +226,14 @@ func TestExchangeDelete_DiscardsPending(t *testing.T) {
 	if err := ch.ExchangeDeclare(ex, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "fanout"}); err != nil {
 		t.Fatal(err)
 	}
-	bind(t, q, "", ex, nil)
+	bindOn(t, b, q, "", ex, nil)
 	publishConfirmed(t, ch, ex, "", false, delayedMsg(int32(900), "new"))
 	got := cons.wait(t, 1, 20*time.Second)
 	testwait.Until(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
 	if all := append(ids(got), ids(cons.snapshot()[len(got):])...); !slices.Equal(all, []string{"new"}) {
 		t.Fatalf("arrived %v, want only [new]", all)
 	}
-	if n := queueDepth(t, q); n != 0 {
+	if n := queueDepthOn(t, b, q); n != 0 {
 		t.Fatalf("%d more messages in the queue", n)
 	}
 	// The scheduler has met the stale messages by now (they were due before

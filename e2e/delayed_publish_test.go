@@ -28,6 +28,11 @@ import (
 // back as x-delay = -delay (a signed long).
 func TestXDelay_Types(t *testing.T) {
 	t.Parallel()
+	testbroker.Each(t, testXDelayTypes)
+}
+
+// testXDelayTypes is TestXDelay_Types on broker b.
+func testXDelayTypes(t *testing.T, b testbroker.Broker) {
 	tests := []struct {
 		name  string
 		value any
@@ -48,8 +53,8 @@ func TestXDelay_Types(t *testing.T) {
 		{"float64", 410.99, 410},
 		{"decimal", amqp.Decimal{Scale: 2, Value: 42099}, 420},
 	}
-	_, ch := startConfirmed(t)
-	ex, _, cons := delayedFanout(t, ch)
+	_, ch := startConfirmedOn(t, b)
+	ex, _, cons := delayedFanoutOn(t, b, ch)
 	sent := map[string]time.Time{}
 	for _, tt := range tests {
 		sent[tt.name] = time.Now()
@@ -75,6 +80,11 @@ func TestXDelay_Types(t *testing.T) {
 // missing is routed at once, never stored, with the header as it was.
 func TestXDelay_RoutedAtOnce(t *testing.T) {
 	t.Parallel()
+	testbroker.Each(t, testXDelayRoutedAtOnce)
+}
+
+// testXDelayRoutedAtOnce is TestXDelay_RoutedAtOnce on broker b.
+func testXDelayRoutedAtOnce(t *testing.T, b testbroker.Broker) {
 	tests := []struct {
 		name    string
 		headers amqp.Table
@@ -86,8 +96,8 @@ func TestXDelay_RoutedAtOnce(t *testing.T) {
 		{"negative string", amqp.Table{"x-delay": "-100"}},
 		{"below one ms", amqp.Table{"x-delay": 0.9}},
 	}
-	tp, ch := startConfirmed(t)
-	ex, _, cons := delayedFanout(t, ch)
+	tp, ch := startConfirmedOn(t, b)
+	ex, _, cons := delayedFanoutOn(t, b, ch)
 	for _, tt := range tests {
 		publishConfirmed(t, ch, ex, "", false, amqp.Publishing{Headers: tt.headers, MessageId: tt.name})
 	}
@@ -123,9 +133,14 @@ func TestXDelay_RoutedAtOnce(t *testing.T) {
 // usable.
 func TestXDelay_Refused(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, func(c *delayproxy.Config) { c.MaxDelay, c.MaxMessageSize = time.Hour, 1024 })
+	testbroker.Each(t, testXDelayRefused)
+}
+
+// testXDelayRefused is TestXDelay_Refused on broker b.
+func testXDelayRefused(t *testing.T, b testbroker.Broker) {
+	tp := startProxyOn(t, b, func(c *delayproxy.Config) { c.MaxDelay, c.MaxMessageSize = time.Hour, 1024 })
 	conn := tp.dial(t)
-	ex := declareDelayed(t, testbroker.Channel(t, conn), "fanout", nil)
+	ex := declareDelayedOn(t, b, testbroker.Channel(t, conn), "fanout", nil)
 	tests := []struct {
 		name   string
 		value  any
@@ -173,8 +188,13 @@ func TestXDelay_Refused(t *testing.T) {
 // them.
 func TestXDelay_BeyondUint32IsHeld(t *testing.T) {
 	t.Parallel()
-	tp, ch := startConfirmed(t)
-	ex, q := delayedQueue(t, ch, "fanout", "")
+	testbroker.Each(t, testXDelayBeyondUint32IsHeld)
+}
+
+// testXDelayBeyondUint32IsHeld is TestXDelay_BeyondUint32IsHeld on broker b.
+func testXDelayBeyondUint32IsHeld(t *testing.T, b testbroker.Broker) {
+	tp, ch := startConfirmedOn(t, b)
+	ex, q := delayedQueueOn(t, b, ch, "fanout", "")
 	publishConfirmed(t, ch, ex, "", false, delayedMsg(int64(math.MaxUint32)+1, "far"))
 	publishConfirmed(t, ch, ex, "", false, delayedMsg(uint32(math.MaxUint32), "edge"))
 	if n := tp.pending(t, ex); n != 2 {
@@ -200,7 +220,7 @@ func TestXDelay_BeyondUint32IsHeld(t *testing.T) {
 	if n := tp.pending(t, ex); n != 0 {
 		t.Fatalf("pending after cancel = %d", n)
 	}
-	if n := queueDepth(t, q); n != 0 {
+	if n := queueDepthOn(t, b, q); n != 0 {
 		t.Fatalf("a held message reached the queue (%d)", n)
 	}
 }
@@ -210,10 +230,15 @@ func TestXDelay_BeyondUint32IsHeld(t *testing.T) {
 // confirm mode are delayed too.
 func TestConfirm_AfterStore(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
+	testbroker.Each(t, testConfirmAfterStore)
+}
+
+// testConfirmAfterStore is TestConfirm_AfterStore on broker b.
+func testConfirmAfterStore(t *testing.T, b testbroker.Broker) {
+	tp := startProxyOn(t, b, nil)
 	conn := tp.dial(t)
 	ch := confirmChannel(t, conn)
-	ex, _, cons := delayedFanout(t, ch)
+	ex, _, cons := delayedFanoutOn(t, b, ch)
 
 	for i := range 20 {
 		publishConfirmed(t, ch, ex, "", false, delayedMsg(int32(3_600_000), fmt.Sprint("c", i)))
@@ -239,10 +264,15 @@ func TestConfirm_AfterStore(t *testing.T) {
 // tx.commit and dropped at tx.rollback.
 func TestTx_StoredAtCommit(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
+	testbroker.Each(t, testTxStoredAtCommit)
+}
+
+// testTxStoredAtCommit is TestTx_StoredAtCommit on broker b.
+func testTxStoredAtCommit(t *testing.T, b testbroker.Broker) {
+	tp := startProxyOn(t, b, nil)
 	conn := tp.dial(t)
 	ch := testbroker.Channel(t, conn)
-	ex, q, cons := delayedFanout(t, ch)
+	ex, q, cons := delayedFanoutOn(t, b, ch)
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +303,7 @@ func TestTx_StoredAtCommit(t *testing.T) {
 	if n := tp.pending(t, ex); n != 0 {
 		t.Fatalf("pending before commit = %d", n)
 	}
-	if n := queueDepth(t, q) + len(cons.snapshot()); n != 0 {
+	if n := queueDepthOn(t, b, q) + len(cons.snapshot()); n != 0 {
 		t.Fatalf("an uncommitted publish reached the queue")
 	}
 	if err := ch.TxCommit(); err != nil {
@@ -298,7 +328,7 @@ func TestTx_StoredAtCommit(t *testing.T) {
 		t.Errorf("committed message arrived early")
 	}
 	testwait.Until(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
-	if n := queueDepth(t, q) + len(cons.snapshot()); n != 3 {
+	if n := queueDepthOn(t, b, q) + len(cons.snapshot()); n != 3 {
 		t.Fatalf("%d messages reached the queue, want 3 (no rolled-back one)", n)
 	}
 }
@@ -308,9 +338,14 @@ func TestTx_StoredAtCommit(t *testing.T) {
 // returns it to the proxy, which counts it.
 func TestMandatory_NoReturnAtPublish(t *testing.T) {
 	t.Parallel()
-	tp, ch := startConfirmed(t)
+	testbroker.Each(t, testMandatoryNoReturnAtPublish)
+}
+
+// testMandatoryNoReturnAtPublish is TestMandatory_NoReturnAtPublish on broker b.
+func testMandatoryNoReturnAtPublish(t *testing.T, b testbroker.Broker) {
+	tp, ch := startConfirmedOn(t, b)
 	returns := ch.NotifyReturn(make(chan amqp.Return, 10))
-	ex := declareDelayed(t, ch, "direct", nil)
+	ex := declareDelayedOn(t, b, ch, "direct", nil)
 	publishConfirmed(t, ch, ex, "nowhere", true, delayedMsg(int32(300), "m"))
 	testwait.Until(t, 20*time.Second, "the unroutable counter to move", func() bool {
 		return tp.metric(t, "delayproxy_messages_unroutable_total") == 1

@@ -39,6 +39,11 @@ type routedCase struct {
 // delay; the real exchange upstream has the underlying type.
 func TestDelayedExchange_RoutesLikeItsType(t *testing.T) {
 	t.Parallel()
+	testbroker.Each(t, testDelayedExchangeRoutesLikeItsType)
+}
+
+// testDelayedExchangeRoutesLikeItsType is TestDelayedExchange_RoutesLikeItsType on broker b.
+func testDelayedExchangeRoutesLikeItsType(t *testing.T, b testbroker.Broker) {
 	tests := []struct {
 		typ      string
 		bindings [2]struct {
@@ -93,24 +98,24 @@ func TestDelayedExchange_RoutesLikeItsType(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.typ, func(t *testing.T) {
 			t.Parallel()
-			tp := startProxy(t, nil)
+			tp := startProxyOn(t, b, nil)
 			conn := tp.dial(t)
 			ch := confirmChannel(t, conn)
-			ex := declareDelayed(t, ch, tt.typ, nil)
+			ex := declareDelayedOn(t, b, ch, tt.typ, nil)
 
 			// The real exchange upstream is a plain one of the underlying
 			// type, arguments unchanged: an equivalent declare succeeds.
-			bch := testbroker.Channel(t, dialBroker(t))
+			bch := testbroker.Channel(t, testbroker.Dial(t, b.URL))
 			if err := bch.ExchangeDeclare(ex, tt.typ, true, false, false, false, amqp.Table{"x-delayed-type": tt.typ}); err != nil {
 				t.Fatalf("upstream exchange is not a %s exchange: %v", tt.typ, err)
 			}
 
 			var queues [2]string
 			var cons [2]*consumer
-			for i, b := range tt.bindings {
-				queues[i] = declareQueue(t, nil)
+			for i, bd := range tt.bindings {
+				queues[i] = declareQueueOn(t, b, nil)
 				// Bindings go through the proxy, relayed unchanged.
-				if err := ch.QueueBind(queues[i], b.key, ex, false, b.args); err != nil {
+				if err := ch.QueueBind(queues[i], bd.key, ex, false, bd.args); err != nil {
 					t.Fatalf("bind: %v", err)
 				}
 				cons[i] = consume(t, conn, queues[i])
@@ -142,7 +147,7 @@ func TestDelayedExchange_RoutesLikeItsType(t *testing.T) {
 				if gotIDs := ids(got); !slices.Equal(gotIDs, want[q]) {
 					t.Errorf("queue %d (binding %q %v) got %v, want %v", q, tt.bindings[q].key, tt.bindings[q].args, gotIDs, want[q])
 				}
-				if n := queueDepth(t, queues[q]); n != 0 {
+				if n := queueDepthOn(t, b, queues[q]); n != 0 {
 					t.Errorf("queue %d holds %d more", q, n)
 				}
 				for _, a := range got {
@@ -168,9 +173,14 @@ func ids(as []arrival) []string {
 // routing key, properties and body; only x-delay becomes -delay.
 func TestRelease_MessageUnchanged(t *testing.T) {
 	t.Parallel()
-	_, ch := startConfirmed(t)
-	ex, q := delayedQueue(t, ch, "direct", "route.me")
-	cons := consume(t, dialBroker(t), q)
+	testbroker.Each(t, testReleaseMessageUnchanged)
+}
+
+// testReleaseMessageUnchanged is TestRelease_MessageUnchanged on broker b.
+func testReleaseMessageUnchanged(t *testing.T, b testbroker.Broker) {
+	_, ch := startConfirmedOn(t, b)
+	ex, q := delayedQueueOn(t, b, ch, "direct", "route.me")
+	cons := consume(t, testbroker.Dial(t, b.URL), q)
 	ts := time.Unix(time.Now().Unix()-3600, 0)
 	body := bytes.Repeat([]byte{0, 1, 2, 0xff, 'x'}, 1000) // several frames' worth at small frame_max
 	headers := amqp.Table{
@@ -245,15 +255,20 @@ func TestRelease_MessageUnchanged(t *testing.T) {
 // gets unroutable messages at release time, not at publish.
 func TestAlternateExchange_AtRelease(t *testing.T) {
 	t.Parallel()
-	tp, ch := startConfirmed(t)
-	ae := declarePlainExchange(t, "fanout")
-	aeQueue := declareQueue(t, nil)
-	bind(t, aeQueue, "", ae, nil)
-	ex := declareDelayed(t, ch, "direct", amqp.Table{"alternate-exchange": ae})
-	bound := declareQueue(t, nil)
-	bind(t, bound, "k", ex, nil)
-	aeCons := consume(t, dialBroker(t), aeQueue)
-	boundCons := consume(t, dialBroker(t), bound)
+	testbroker.Each(t, testAlternateExchangeAtRelease)
+}
+
+// testAlternateExchangeAtRelease is TestAlternateExchange_AtRelease on broker b.
+func testAlternateExchangeAtRelease(t *testing.T, b testbroker.Broker) {
+	tp, ch := startConfirmedOn(t, b)
+	ae := declarePlainExchangeOn(t, b, "fanout")
+	aeQueue := declareQueueOn(t, b, nil)
+	bindOn(t, b, aeQueue, "", ae, nil)
+	ex := declareDelayedOn(t, b, ch, "direct", amqp.Table{"alternate-exchange": ae})
+	bound := declareQueueOn(t, b, nil)
+	bindOn(t, b, bound, "k", ex, nil)
+	aeCons := consume(t, testbroker.Dial(t, b.URL), aeQueue)
+	boundCons := consume(t, testbroker.Dial(t, b.URL), bound)
 
 	start := time.Now()
 	publishConfirmed(t, ch, ex, "unbound", true, delayedMsg(int32(700), "to-ae"))
@@ -265,8 +280,8 @@ func TestAlternateExchange_AtRelease(t *testing.T) {
 	if a.MessageId != "to-ae" || a.At.Before(start.Add(700*time.Millisecond)) {
 		t.Fatalf("alternate exchange got %s at +%v, want to-ae after 700ms", a.MessageId, a.At.Sub(start))
 	}
-	if b := boundCons.wait(t, 1, 20*time.Second)[0]; b.MessageId != "routed" {
-		t.Fatalf("bound queue got %s", b.MessageId)
+	if d := boundCons.wait(t, 1, 20*time.Second)[0]; d.MessageId != "routed" {
+		t.Fatalf("bound queue got %s", d.MessageId)
 	}
 	testwait.Until(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
 	if n := tp.metric(t, "delayproxy_messages_unroutable_total"); n != 0 {
@@ -278,9 +293,14 @@ func TestAlternateExchange_AtRelease(t *testing.T) {
 // over 0-3 s arrive in due order and none early, measured on the client.
 func TestRelease_MixedDelaysInDueOrder(t *testing.T) {
 	t.Parallel()
+	testbroker.Each(t, testReleaseMixedDelaysInDueOrder)
+}
+
+// testReleaseMixedDelaysInDueOrder is TestRelease_MixedDelaysInDueOrder on broker b.
+func testReleaseMixedDelaysInDueOrder(t *testing.T, b testbroker.Broker) {
 	const n = 400
-	_, ch := startConfirmed(t)
-	ex, _, cons := delayedFanout(t, ch)
+	_, ch := startConfirmedOn(t, b)
+	ex, _, cons := delayedFanoutOn(t, b, ch)
 
 	type sent struct {
 		delay     time.Duration
@@ -352,9 +372,14 @@ func TestRelease_MixedDelaysInDueOrder(t *testing.T) {
 // exactly once.
 func TestRestart_ExactlyOnce(t *testing.T) {
 	t.Parallel()
+	testbroker.Each(t, testRestartExactlyOnce)
+}
+
+// testRestartExactlyOnce is TestRestart_ExactlyOnce on broker b.
+func testRestartExactlyOnce(t *testing.T, b testbroker.Broker) {
 	const n = 300
-	tp, ch := startConfirmed(t)
-	ex, q := delayedQueue(t, ch, "fanout", "")
+	tp, ch := startConfirmedOn(t, b)
+	ex, q := delayedQueueOn(t, b, ch, "fanout", "")
 	for i := range n {
 		// Spread over 0.1-2.5 s: some are released before the stop,
 		// some while it stops, the rest after the restart.
@@ -369,7 +394,7 @@ func TestRestart_ExactlyOnce(t *testing.T) {
 			}
 		}
 	}
-	testwait.Until(t, 10*time.Second, "some releases before the stop", func() bool { return queueDepth(t, q) > 0 })
+	testwait.Until(t, 10*time.Second, "some releases before the stop", func() bool { return queueDepthOn(t, b, q) > 0 })
 	before := tp.pending(t, ex)
 	tp.restart()
 	if before == 0 {
@@ -377,7 +402,7 @@ func TestRestart_ExactlyOnce(t *testing.T) {
 	}
 	testwait.Until(t, 30*time.Second, "every message to be released", func() bool { return tp.pending(t, ex) == 0 })
 	// Every release is confirmed (so enqueued) before it leaves the store.
-	got := drain(t, q)
+	got := drainOn(t, b, q)
 	count := map[string]int{}
 	for _, d := range got {
 		count[d.MessageId]++
@@ -397,13 +422,18 @@ func TestRestart_ExactlyOnce(t *testing.T) {
 // queues alike.
 func TestRelease_QuorumAndClassicQueues(t *testing.T) {
 	t.Parallel()
-	_, ch := startConfirmed(t)
-	ex := declareDelayed(t, ch, "fanout", nil)
-	quorum := declareQueue(t, amqp.Table{"x-queue-type": "quorum"})
-	classic := declareQueue(t, amqp.Table{"x-queue-type": "classic"})
-	bind(t, quorum, "", ex, nil)
-	bind(t, classic, "", ex, nil)
-	qc, cc := consume(t, dialBroker(t), quorum), consume(t, dialBroker(t), classic)
+	testbroker.Each(t, testReleaseQuorumAndClassicQueues)
+}
+
+// testReleaseQuorumAndClassicQueues is TestRelease_QuorumAndClassicQueues on broker b.
+func testReleaseQuorumAndClassicQueues(t *testing.T, b testbroker.Broker) {
+	_, ch := startConfirmedOn(t, b)
+	ex := declareDelayedOn(t, b, ch, "fanout", nil)
+	quorum := declareQueueOn(t, b, amqp.Table{"x-queue-type": "quorum"})
+	classic := declareQueueOn(t, b, amqp.Table{"x-queue-type": "classic"})
+	bindOn(t, b, quorum, "", ex, nil)
+	bindOn(t, b, classic, "", ex, nil)
+	qc, cc := consume(t, testbroker.Dial(t, b.URL), quorum), consume(t, testbroker.Dial(t, b.URL), classic)
 	for i := range 10 {
 		publishConfirmed(t, ch, ex, "", false, delayedMsg(int32(200+10*i), fmt.Sprint(i)))
 	}
@@ -420,16 +450,21 @@ func TestRelease_QuorumAndClassicQueues(t *testing.T) {
 // path connected through the proxy, on one connection and on two.
 func TestDelayed_PublisherAndConsumerThroughProxy(t *testing.T) {
 	t.Parallel()
-	tp := startProxy(t, nil)
+	testbroker.Each(t, testDelayedPublisherAndConsumerThroughProxy)
+}
+
+// testDelayedPublisherAndConsumerThroughProxy is TestDelayed_PublisherAndConsumerThroughProxy on broker b.
+func testDelayedPublisherAndConsumerThroughProxy(t *testing.T, b testbroker.Broker) {
+	tp := startProxyOn(t, b, nil)
 	pubConn := tp.dial(t)
 	ch := confirmChannel(t, pubConn)
-	ex := declareDelayed(t, ch, "topic", nil)
+	ex := declareDelayedOn(t, b, ch, "topic", nil)
 	q1, err := ch.QueueDeclare(testbroker.UniqueName(t, "q"), false, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { testbroker.DeleteQueue(t, q1.Name) })
-	q2 := declareQueue(t, nil)
+	t.Cleanup(func() { b.DeleteQueue(t, q1.Name) })
+	q2 := declareQueueOn(t, b, nil)
 	if err := ch.QueueBind(q1.Name, "a.#", ex, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -457,11 +492,16 @@ func TestDelayed_PublisherAndConsumerThroughProxy(t *testing.T) {
 // brokerfaults), since it takes over a minute with -race.
 func TestRelease_BurstSameMillisecondByPriority(t *testing.T) {
 	t.Parallel()
-	testBurst(t, 20_000)
+	testbroker.Each(t, testReleaseBurstSameMillisecondByPriority)
 }
 
-// testBurst publishes n messages through the proxy that are all due at one
-// millisecond, and checks their release order.
+// testReleaseBurstSameMillisecondByPriority is TestRelease_BurstSameMillisecondByPriority on broker b.
+func testReleaseBurstSameMillisecondByPriority(t *testing.T, b testbroker.Broker) {
+	testBurst(t, b, 20_000)
+}
+
+// testBurst publishes n messages through a proxy in front of broker b that
+// are all due at one millisecond, and checks their release order.
 //
 // The proxy computes due = its clock + x-delay when it reads a publish, so a
 // client cannot give thousands of publishes one due millisecond on its own:
@@ -470,13 +510,13 @@ func TestRelease_BurstSameMillisecondByPriority(t *testing.T) {
 // forward to just before the due time: the scheduler loads them from disk
 // into one wheel slot, which fires with all of them in it, however long
 // publishing took.
-func testBurst(t *testing.T, n int) {
+func testBurst(t *testing.T, b testbroker.Broker, n int) {
 	const (
 		publishers = 4
 		delay      = time.Hour
 	)
 	clock := &testClock{}
-	tp := startProxyWith(t, nil, testlog.New(), delayproxy.WithClock(clock))
+	tp := startProxyWith(t, upstream(b, nil), testlog.New(), delayproxy.WithClock(clock))
 	var chans [publishers]*amqp.Channel
 	for p := range chans {
 		chans[p] = testbroker.Channel(t, tp.dial(t))
@@ -484,8 +524,8 @@ func testBurst(t *testing.T, n int) {
 			t.Fatal(err)
 		}
 	}
-	ex, q := delayedQueue(t, chans[0], "direct", "k") // q: classic, no x-max-priority: arrival order is kept
-	cons := consume(t, dialBroker(t), q)
+	ex, q := delayedQueueOn(t, b, chans[0], "direct", "k") // q: classic, no x-max-priority: arrival order is kept
+	cons := consume(t, testbroker.Dial(t, b.URL), q)
 
 	frozen := clock.freeze()
 	due := time.UnixMilli(delayed.DueAt(frozen, delay.Milliseconds()))

@@ -14,6 +14,10 @@
 //
 //	go test -race -tags brokerfaults -p 1 -run '^TestFault' ./...
 //
+// The delayed_* tests and the broker-stop fault tests run on RabbitMQ 3.10
+// and 4.3 (testbroker.Each, EachInTurn), with the helpers' On variants;
+// the rest on 3.10.
+//
 // Shared helpers live beside internal/testbroker: testbroker (the broker),
 // testwait, testcert and crashtest (publishers with a ledger, child
 // processes).

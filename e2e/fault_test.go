@@ -10,7 +10,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -21,24 +20,22 @@ import (
 	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
-// stopBroker stops the RabbitMQ application (the Erlang node stays up); the
-// broker is started again in t.Cleanup whatever happens.
-func stopBroker(t *testing.T) {
+// stopBroker stops broker b's RabbitMQ application (the Erlang node stays
+// up); it is started again in t.Cleanup whatever happens.
+func stopBroker(t *testing.T, b testbroker.Broker) {
 	t.Helper()
-	t.Cleanup(func() { startBroker(t) })
-	testbroker.Ctl(t, "stop_app")
+	t.Cleanup(func() { startBroker(t, b) })
+	b.Ctl(t, "stop_app")
 }
 
-// startBroker starts the RabbitMQ application and waits until it accepts
-// AMQP connections again.
-func startBroker(t testing.TB) {
+// startBroker starts broker b's RabbitMQ application and waits until it
+// accepts AMQP connections again.
+func startBroker(t testing.TB, b testbroker.Broker) {
 	t.Helper()
-	if out, err := exec.Command("rabbitmqctl", "start_app").CombinedOutput(); err != nil {
-		t.Errorf("rabbitmqctl start_app: %v\n%s", err, out)
-	}
+	b.Ctl(t, "start_app")
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		c, err := amqp.Dial(testbroker.URL(t))
+		c, err := amqp.Dial(b.URL)
 		if err == nil {
 			c.Close()
 			return
@@ -51,13 +48,19 @@ func startBroker(t testing.TB) {
 }
 
 // TestFaultBrokerStopDuringRelease: RabbitMQ's application is stopped while
-// messages are being released and started again: nothing is lost, and
-// release resumes. Duplicates are allowed, bounded by the releases in
-// flight when RabbitMQ went away (one batch, 256).
+// messages are being released and started again, on each broker in turn:
+// nothing is lost, and release resumes. Duplicates are allowed, bounded by
+// the releases in flight when RabbitMQ went away (one batch, 256).
 func TestFaultBrokerStopDuringRelease(t *testing.T) {
+	testbroker.EachInTurn(t, testFaultBrokerStopDuringRelease)
+}
+
+// testFaultBrokerStopDuringRelease is TestFaultBrokerStopDuringRelease on
+// broker b.
+func testFaultBrokerStopDuringRelease(t *testing.T, b testbroker.Broker) {
 	const n = 3000
-	tp, ch := startConfirmed(t)
-	ex, q := delayedQueue(t, ch, "fanout", "") // durable; messages are persistent
+	tp, ch := startConfirmedOn(t, b)
+	ex, q := delayedQueueOn(t, b, ch, "fanout", "") // durable; messages are persistent
 
 	confirms := make([]*amqp.DeferredConfirmation, n)
 	for i := range n {
@@ -74,9 +77,9 @@ func TestFaultBrokerStopDuringRelease(t *testing.T) {
 			t.Fatalf("publish %d: ack=%v err=%v", i, ok, err)
 		}
 	}
-	testwait.Until(t, 20*time.Second, "releases to begin", func() bool { return queueDepth(t, q) > 0 })
+	testwait.Until(t, 20*time.Second, "releases to begin", func() bool { return queueDepthOn(t, b, q) > 0 })
 	pendingBefore := tp.pending(t, ex)
-	stopBroker(t) // takes a few seconds
+	stopBroker(t, b) // takes a few seconds
 	// Releases RabbitMQ confirmed before it stopped leave the store after
 	// the delete linger; nothing is confirmed from here on.
 	time.Sleep(2*delayproxy.ReleaseDeleteLinger + 100*time.Millisecond)
@@ -94,12 +97,12 @@ func TestFaultBrokerStopDuringRelease(t *testing.T) {
 	if r := tp.metric(t, "delayproxy_messages_released_total"); r != releasedAtStop {
 		t.Fatalf("released_total went from %v to %v while RabbitMQ was down", releasedAtStop, r)
 	}
-	startBroker(t)
+	startBroker(t, b)
 	restarted := time.Now()
 	testwait.Until(t, 2*time.Minute, "every message to be released", func() bool { return tp.pending(t, ex) == 0 })
 	resumed := time.Since(restarted)
 
-	got := drain(t, q)
+	got := drainOn(t, b, q)
 	count := map[string]int{}
 	for _, d := range got {
 		count[d.MessageId]++
@@ -127,7 +130,8 @@ func TestFaultBrokerStopDuringRelease(t *testing.T) {
 
 // TestFaultBurst100k: 100,000 messages due at one millisecond, priorities
 // 0-9, arrive by priority then publish order (TestRelease_BurstSameMillisecondByPriority
-// with 100,000: it takes over a minute with -race on 2 cores).
+// with 100,000: it takes over a minute with -race on 2 cores, so it runs on
+// the default broker only).
 func TestFaultBurst100k(t *testing.T) {
-	testBurst(t, 100_000)
+	testBurst(t, testbroker.Default(t), 100_000)
 }

@@ -53,11 +53,33 @@ func startProxy(t testing.TB, opt func(*delayproxy.Config)) *testProxy {
 	return startProxyWith(t, opt, testlog.New())
 }
 
+// startProxyOn is startProxy in front of broker b.
+func startProxyOn(t testing.TB, b testbroker.Broker, opt func(*delayproxy.Config)) *testProxy {
+	t.Helper()
+	return startProxyWith(t, upstream(b, opt), testlog.New())
+}
+
+// upstream is opt (which may be nil) after setting the upstream to b.
+func upstream(b testbroker.Broker, opt func(*delayproxy.Config)) func(*delayproxy.Config) {
+	return func(c *delayproxy.Config) {
+		c.UpstreamURL = b.URL
+		if opt != nil {
+			opt(c)
+		}
+	}
+}
+
 // startConfirmed is startProxy(t, nil) and a confirm-mode channel of a
 // client connection through it.
 func startConfirmed(t testing.TB) (*testProxy, *amqp.Channel) {
 	t.Helper()
-	tp := startProxy(t, nil)
+	return startConfirmedOn(t, testbroker.Default(t))
+}
+
+// startConfirmedOn is startConfirmed in front of broker b.
+func startConfirmedOn(t testing.TB, b testbroker.Broker) (*testProxy, *amqp.Channel) {
+	t.Helper()
+	tp := startProxyOn(t, b, nil)
 	return tp, confirmChannel(t, tp.dial(t))
 }
 
@@ -214,12 +236,6 @@ func (tp *testProxy) dial(t testing.TB) *amqp.Connection {
 	return testbroker.Dial(t, tp.URL())
 }
 
-// dialBroker connects a client straight to RabbitMQ; closed in t.Cleanup.
-func dialBroker(t testing.TB) *amqp.Connection {
-	t.Helper()
-	return testbroker.Dial(t, testbroker.URL(t))
-}
-
 // confirmChannel opens a channel in confirm mode.
 func confirmChannel(t testing.TB, c *amqp.Connection) *amqp.Channel {
 	t.Helper()
@@ -245,6 +261,12 @@ func randHex(t testing.TB, n int) string {
 // deletes it on the broker in t.Cleanup.
 func declareDelayed(t testing.TB, ch *amqp.Channel, typ string, extra amqp.Table) string {
 	t.Helper()
+	return declareDelayedOn(t, testbroker.Default(t), ch, typ, extra)
+}
+
+// declareDelayedOn is declareDelayed through a proxy in front of broker b.
+func declareDelayedOn(t testing.TB, b testbroker.Broker, ch *amqp.Channel, typ string, extra amqp.Table) string {
+	t.Helper()
 	name := testbroker.UniqueName(t, "x")
 	args := amqp.Table{"x-delayed-type": typ}
 	for k, v := range extra {
@@ -253,46 +275,8 @@ func declareDelayed(t testing.TB, ch *amqp.Channel, typ string, extra amqp.Table
 	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, args); err != nil {
 		t.Fatalf("declare delayed exchange %s (%s): %v", name, typ, err)
 	}
-	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
+	t.Cleanup(func() { b.DeleteExchange(t, name) })
 	return name
-}
-
-// declareQueue declares a queue straight on the broker (durable, so that it
-// survives broker faults) and deletes it in t.Cleanup.
-func declareQueue(t testing.TB, args amqp.Table) string {
-	t.Helper()
-	name := testbroker.UniqueName(t, "q")
-	ch := testbroker.Channel(t, dialBroker(t))
-	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
-		t.Fatalf("declare queue: %v", err)
-	}
-	ch.Close()
-	t.Cleanup(func() { testbroker.DeleteQueue(t, name) })
-	return name
-}
-
-// declarePlainExchange declares a non-delayed exchange on the broker and
-// deletes it in t.Cleanup.
-func declarePlainExchange(t testing.TB, typ string) string {
-	t.Helper()
-	name := testbroker.UniqueName(t, "px")
-	ch := testbroker.Channel(t, dialBroker(t))
-	if err := ch.ExchangeDeclare(name, typ, true, false, false, false, nil); err != nil {
-		t.Fatalf("declare exchange: %v", err)
-	}
-	ch.Close()
-	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
-	return name
-}
-
-// bind binds queue to exchange on the broker.
-func bind(t testing.TB, queue, key, exchange string, args amqp.Table) {
-	t.Helper()
-	ch := testbroker.Channel(t, dialBroker(t))
-	defer ch.Close()
-	if err := ch.QueueBind(queue, key, exchange, false, args); err != nil {
-		t.Fatalf("bind %s to %s (%q): %v", queue, exchange, key, err)
-	}
 }
 
 // publish publishes one message and fails the test on a client-side error.
@@ -344,12 +328,13 @@ type consumer struct {
 	done chan struct{} // closed when the delivery channel closed
 }
 
-// delayedFanout declares a delayed fanout exchange through ch and a queue
-// bound to it, consumed straight from RabbitMQ.
-func delayedFanout(t testing.TB, ch *amqp.Channel) (ex, q string, cons *consumer) {
+// delayedFanoutOn declares a delayed fanout exchange through ch (a channel
+// of a proxy in front of broker b) and a queue bound to it, consumed
+// straight from b.
+func delayedFanoutOn(t testing.TB, b testbroker.Broker, ch *amqp.Channel) (ex, q string, cons *consumer) {
 	t.Helper()
-	ex, q = delayedQueue(t, ch, "fanout", "")
-	return ex, q, consume(t, dialBroker(t), q)
+	ex, q = delayedQueueOn(t, b, ch, "fanout", "")
+	return ex, q, consume(t, testbroker.Dial(t, b.URL), q)
 }
 
 // delayedQueue declares, through ch (a proxy channel), a delayed exchange
@@ -357,9 +342,15 @@ func delayedFanout(t testing.TB, ch *amqp.Channel) (ex, q string, cons *consumer
 // both are deleted in t.Cleanup.
 func delayedQueue(t testing.TB, ch *amqp.Channel, typ, key string) (ex, q string) {
 	t.Helper()
-	ex = declareDelayed(t, ch, typ, nil)
-	q = declareQueue(t, nil)
-	bind(t, q, key, ex, nil)
+	return delayedQueueOn(t, testbroker.Default(t), ch, typ, key)
+}
+
+// delayedQueueOn is delayedQueue through a proxy in front of broker b.
+func delayedQueueOn(t testing.TB, b testbroker.Broker, ch *amqp.Channel, typ, key string) (ex, q string) {
+	t.Helper()
+	ex = declareDelayedOn(t, b, ch, typ, nil)
+	q = declareQueueOn(t, b, nil)
+	bindOn(t, b, q, key, ex, nil)
 	return ex, q
 }
 
@@ -546,37 +537,6 @@ func (tp *testProxy) metric(t testing.TB, series string) float64 {
 		}
 	}
 	return scrape(t, tp).get(t, name, labels...)
-}
-
-// drain gets every message from queue on the broker with basic.get, until
-// it is empty.
-func drain(t testing.TB, queue string) []amqp.Delivery {
-	t.Helper()
-	ch := testbroker.Channel(t, dialBroker(t))
-	defer ch.Close()
-	var out []amqp.Delivery
-	for {
-		d, ok, err := ch.Get(queue, true)
-		if err != nil {
-			t.Fatalf("basic.get %s: %v", queue, err)
-		}
-		if !ok {
-			return out
-		}
-		out = append(out, d)
-	}
-}
-
-// queueDepth is the number of ready messages in queue.
-func queueDepth(t testing.TB, queue string) int {
-	t.Helper()
-	ch := testbroker.Channel(t, dialBroker(t))
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		t.Fatalf("passive declare %s: %v", queue, err)
-	}
-	return q.Messages
 }
 
 // percentile of sorted durations, p in [0, 1].

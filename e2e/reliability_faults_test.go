@@ -16,7 +16,7 @@ import (
 
 // TestFaultBrokerStopDuringPublish: RabbitMQ's application stops while
 // clients publish delayed messages through the proxy and earlier ones are
-// being released. Every client learns promptly that its connection is
+// being released, on each broker in turn. Every client learns promptly that its connection is
 // closed (320 CONNECTION_FORCED); while RabbitMQ is down their dials
 // through the proxy fail at once rather than hang; when it is back they
 // connect and publish again, and every message confirmed before or after
@@ -24,9 +24,15 @@ import (
 // TestFaultBrokerStopDuringRelease (fault_test.go) covers the stop
 // during a release burst.
 func TestFaultBrokerStopDuringPublish(t *testing.T) {
+	testbroker.EachInTurn(t, testFaultBrokerStopDuringPublish)
+}
+
+// testFaultBrokerStopDuringPublish is TestFaultBrokerStopDuringPublish on
+// broker b.
+func testFaultBrokerStopDuringPublish(t *testing.T, b testbroker.Broker) {
 	const clients = 3
-	tp := startProxy(t, nil)
-	ex, q := delayedQueue(t, testbroker.Channel(t, tp.dial(t)), "fanout", "") // durable; messages are persistent
+	tp := startProxyOn(t, b, nil)
+	ex, q := delayedQueueOn(t, b, testbroker.Channel(t, tp.dial(t)), "fanout", "") // durable; messages are persistent
 
 	prefix := "dp-rel brokerstop " + randHex(t, 4)
 	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {
@@ -42,7 +48,7 @@ func TestFaultBrokerStopDuringPublish(t *testing.T) {
 		return pubs.Every(func(l crashtest.Ledger) bool { return len(l.Confirmed) >= 30 })
 	})
 	stopping := time.Now()
-	stopBroker(t)
+	stopBroker(t, b)
 	stopped := time.Now()
 	t.Logf("stop_app took %v", stopped.Sub(stopping).Round(time.Millisecond))
 	for i, end := range awaitEnds(t, pubs, stopping, stopped.Add(closePrompt)) {
@@ -71,7 +77,7 @@ func TestFaultBrokerStopDuringPublish(t *testing.T) {
 	if n := pubs.Confirmed(); n != confirmedDown {
 		t.Errorf("%d publishes confirmed while RabbitMQ was down", n-confirmedDown)
 	}
-	startBroker(t)
+	startBroker(t, b)
 	restarted := time.Now()
 	testwait.Until(t, time.Minute, "clients to publish again", func() bool {
 		reconnected := pubs.Every(func(l crashtest.Ledger) bool { return l.Sessions >= 2 })
@@ -79,7 +85,7 @@ func TestFaultBrokerStopDuringPublish(t *testing.T) {
 	})
 	t.Logf("clients publishing again %v after start_app returned", time.Since(restarted).Round(time.Millisecond))
 	ls := pubs.Stop()
-	got := consume(t, dialBroker(t), q)
+	got := consume(t, testbroker.Dial(t, b.URL), q)
 	awaitDelivered(t, got, pubs, time.Minute)
 	testwait.Until(t, time.Minute, "nothing pending", func() bool { return tp.pending(t, ex) == 0 })
 	tally := crashtest.Count(ls, messageIDs(got.stop(t)))

@@ -9,7 +9,7 @@ import (
 )
 
 // WithChannel runs f on a channel of a fresh connection to the AMQP URL u
-// (the test broker, or a proxy in front of it) and closes the connection
+// (a test broker, or a proxy in front of it) and closes the connection
 // after. Any error fails the test (in a t.Cleanup function it ends that
 // function only; the other cleanups still run).
 func WithChannel(t testing.TB, u string, f func(*amqp.Channel) error) {
@@ -28,19 +28,31 @@ func WithChannel(t testing.TB, u string, f func(*amqp.Channel) error) {
 	}
 }
 
-// DeleteQueue deletes a queue on the test broker, for t.Cleanup.
+// DeleteQueue deletes a queue on the default broker, for t.Cleanup.
 func DeleteQueue(t testing.TB, name string) {
 	t.Helper()
-	WithChannel(t, URL(t), func(ch *amqp.Channel) error {
+	Default(t).DeleteQueue(t, name)
+}
+
+// DeleteQueue deletes a queue on the broker, for t.Cleanup.
+func (b Broker) DeleteQueue(t testing.TB, name string) {
+	t.Helper()
+	WithChannel(t, b.URL, func(ch *amqp.Channel) error {
 		_, err := ch.QueueDelete(name, false, false, false)
 		return err
 	})
 }
 
-// DeleteExchange deletes an exchange on the test broker, for t.Cleanup.
+// DeleteExchange deletes an exchange on the default broker, for t.Cleanup.
 func DeleteExchange(t testing.TB, name string) {
 	t.Helper()
-	WithChannel(t, URL(t), func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+	Default(t).DeleteExchange(t, name)
+}
+
+// DeleteExchange deletes an exchange on the broker, for t.Cleanup.
+func (b Broker) DeleteExchange(t testing.TB, name string) {
+	t.Helper()
+	WithChannel(t, b.URL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
 }
 
 // redacted is u without its password, for messages.
@@ -52,7 +64,7 @@ func redacted(u string) string {
 	return pu.Redacted()
 }
 
-// Dial connects to the AMQP URL u (the test broker, or a proxy in front of
+// Dial connects to the AMQP URL u (a test broker, or a proxy in front of
 // it) as a connection named after the test, so that RabbitMQ's list of
 // connections shows whose it is; it is closed in t.Cleanup.
 func Dial(t testing.TB, u string) *amqp.Connection {

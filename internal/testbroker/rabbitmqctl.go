@@ -8,28 +8,35 @@ import (
 	"testing"
 )
 
-// Ctl runs rabbitmqctl -q with args on the test broker's node and returns
-// its output; it fails the test if the command fails.
+// Ctl runs rabbitmqctl -q with args on the default broker's node and
+// returns its output; it fails the test if the command fails.
 func Ctl(t testing.TB, args ...string) string {
 	t.Helper()
-	return ctl(t, "", args...)
+	return Default(t).Ctl(t, args...)
 }
 
-// AddUser creates a RabbitMQ user without permissions (grant them with
+// Ctl runs the broker's rabbitmqctl -q with args and returns its output; it
+// fails the test if the command fails.
+func (b Broker) Ctl(t testing.TB, args ...string) string {
+	t.Helper()
+	return b.run(t, "", args...)
+}
+
+// AddUser creates a user on the default broker without permissions (grant them with
 // Ctl and set_permissions) and deletes it in t.Cleanup. Its password
 // appears in no failure message.
 func AddUser(t testing.TB, user, password string) {
 	t.Helper()
-	ctl(t, password, "add_user", user, password)
+	Default(t).run(t, password, "add_user", user, password)
 	t.Cleanup(func() { Ctl(t, "delete_user", user) })
 }
 
-// ctl is Ctl with secret (when not "") hidden in failure messages.
-func ctl(t testing.TB, secret string, args ...string) string {
+// run is Ctl with secret (when not "") hidden in failure messages.
+func (b Broker) run(t testing.TB, secret string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
+	out, err := exec.Command(b.ctl, append([]string{"-q"}, args...)...).CombinedOutput()
 	if err != nil {
-		msg := fmt.Sprintf("testbroker: rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		msg := fmt.Sprintf("testbroker: %s %s: %v\n%s", b.ctl, strings.Join(args, " "), err, out)
 		if secret != "" {
 			msg = strings.ReplaceAll(msg, secret, "<secret>")
 		}
@@ -38,7 +45,7 @@ func ctl(t testing.TB, secret string, args ...string) string {
 	return string(out)
 }
 
-// CloseConnections closes, from the broker's side (320 CONNECTION_FORCED
+// CloseConnections closes, from the default broker's side (320 CONNECTION_FORCED
 // "closed by test"), every connection whose connection_name starts with
 // prefix, and returns how many it closed. Tests close only their own
 // connections: others run in parallel on one broker. It is one rabbitmqctl

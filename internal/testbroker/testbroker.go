@@ -1,8 +1,11 @@
-// Package testbroker gives tests the real RabbitMQ they run against: its
-// address (URL), client connections and channels (Dial, Channel, to it or
-// to a proxy in front of it), one-off channels for setup and cleanup
-// (WithChannel, DeleteQueue, DeleteExchange), and its rabbitmqctl (Ctl,
-// AddUser, CloseConnections). A test that needs the broker fails when it is
+// Package testbroker gives tests the real RabbitMQ they run against. There
+// are two: RabbitMQ 3.10 at AMQP_URL, the broker of every test (Default,
+// URL, Ctl), and RabbitMQ 4.3 at AMQP_URL_43, beside it for the tests that
+// run on each broker (Brokers, Each). For either it gives the address,
+// client connections and channels (Dial, Channel, to it or to a proxy in
+// front of it), one-off channels for setup and cleanup (WithChannel,
+// DeleteQueue, DeleteExchange), and its rabbitmqctl (Ctl, AddUser,
+// CloseConnections). A test that needs a broker fails when it is
 // unreachable: it never skips, so CI cannot pass without having talked to
 // RabbitMQ.
 package testbroker
@@ -12,7 +15,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,18 +23,23 @@ import (
 // DefaultURL is used when AMQP_URL is not set.
 const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
 
-// URL returns AMQP_URL (or DefaultURL) after checking that the broker accepts
-// TCP connections; it fails the test when it does not.
+// URL returns the default broker's URL, AMQP_URL (or DefaultURL), after
+// checking that the broker accepts TCP connections; it fails the test when
+// it does not.
 func URL(t testing.TB) string {
 	t.Helper()
-	u := os.Getenv("AMQP_URL")
-	if u == "" {
-		u = DefaultURL
-	}
+	return Default(t).URL
+}
+
+// reachable returns u after checking that the broker it names accepts TCP
+// connections; it fails the test when it does not, naming env (the
+// variable u came from) and how to start the broker.
+func reachable(t testing.TB, env, u, start string) string {
+	t.Helper()
 	host := Addr(t, u)
 	c, err := net.DialTimeout("tcp", host, 5*time.Second)
 	if err != nil {
-		t.Fatalf("testbroker: RabbitMQ at %s is not reachable (start it with `rabbitmq-server -detached`): %v", host, err)
+		t.Fatalf("testbroker: RabbitMQ at %s (%s) is not reachable (start it with `%s`): %v", host, env, start, err)
 	}
 	c.Close()
 	return u
