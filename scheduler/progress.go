@@ -94,10 +94,8 @@ func (s *Scheduler) sampleProgress(now time.Time) {
 			"rate_per_s", math.Round(rate*10) / 10,
 			"oldest_late", late.Round(time.Millisecond),
 		}
-		if rate > 0 {
+		if rate > 0 { // else nothing was released: no estimate
 			attrs = append(attrs, "eta", time.Duration(float64(overdue)/rate*float64(time.Second)).Round(time.Second))
-		} else {
-			attrs = append(attrs, "eta", "unknown")
 		}
 		p.lastLog, p.lastRel = now, released
 		s.log.Info("scheduler: releases catching up", attrs...)

@@ -45,6 +45,7 @@
   }
   function seconds(x) {
     if (x == null) return "–";
+    if (x === 0) return "0";
     if (x < 1) {
       const ms = x * 1000;
       return (ms < 10 ? ms.toFixed(1) : String(Math.round(ms))) + " ms";
@@ -120,7 +121,7 @@
   // Rendering.
   function renderTiles(ex, st) {
     const w = st.window;
-    text("version", st.version || "");
+    text("version", (st.version || "").replace(/^delayproxy\s+/, ""));
     text("pending", count(ex.pending));
     text("pending-sub", `in ${count(ex.exchanges.length)} exchange${ex.exchanges.length === 1 ? "" : "s"}`);
     const rel = st.releaser;
@@ -138,6 +139,7 @@
     text("lateness-p99", seconds(w && w.lateness_p99_seconds));
     text("clients", count(st.connections.clients));
     text("channels", count(st.connections.channels));
+    text("channels-label", st.connections.channels === 1 ? "channel" : "channels");
     $("rates").dataset.untilMs = w ? String(w.until_ms) : "";
     text("window-note", w
       ? `Rates and lateness over the last ${span(w.seconds)}, ${count(w.releases)} release${w.releases === 1 ? "" : "s"}.`
@@ -190,7 +192,7 @@
     r.className = ready.ok ? "ok" : "bad";
     const rel = st.releaser;
     text("vhosts", rel.vhosts.length ? rel.vhosts.join(", ") : "none yet");
-    text("nodes", rel.nodes.map((n) => `${n.self ? "this node" : n.name}${n.self && n.name ? ` (${n.name})` : ""}: ${n.releases === "all" ? "everything" : n.releases}`).join("; "));
+    text("nodes", rel.nodes.map((n) => `${n.self ? "this node" : n.name}${n.self && n.name ? ` (${n.name})` : ""}${n.releases === "all" ? "" : `: ${n.releases}`}`).join("; "));
     text("reconnects", count(rel.reconnects));
     text("discarded", count(st.totals.discarded));
     text("cancelled", count(st.totals.cancelled));
@@ -211,7 +213,9 @@
       box.replaceChildren(chart);
       return;
     }
-    const end = points[points.length - 1].until_ms, start = end - 300_000;
+    // The last 5 minutes, or as much as there is.
+    const end = points[points.length - 1].until_ms;
+    const start = Math.max(end - 300_000, points[0].from_ms);
     let top = 0;
     for (const p of points) for (const s of series) if (p[s.key] != null) top = Math.max(top, p[s.key]);
     top = niceCeil(top);
@@ -223,7 +227,7 @@
       t.textContent = fmt(v);
       chart.append(t);
     }
-    for (const [ms, s] of [[start, "−5 min"], [end, clock(end)]]) {
+    for (const [ms, s] of [[start, "−" + span((end - start) / 1000)], [end, clock(end)]]) {
       const t = svg("text", { x: x(ms), y: H - 4, "text-anchor": ms === start ? "start" : "end", class: "axis" });
       t.textContent = s;
       chart.append(t);
@@ -258,6 +262,8 @@
 
   function renderCharts(st) {
     const pts = st.series.points;
+    const shown = pts.length ? (pts[pts.length - 1].until_ms - Math.max(pts[pts.length - 1].until_ms - 300_000, pts[0].from_ms)) / 1000 : 0;
+    for (const e of document.querySelectorAll(".chart-span")) e.textContent = shown ? `· last ${span(shown)}` : "";
     lineChart($("rates-chart"), pts, [
       { key: "stored_per_second", key_class: "stored", name: "stored" },
       { key: "released_per_second", key_class: "released", name: "released" },
