@@ -36,7 +36,8 @@
 //     elsewhere (a Content Security Policy of 'self' only); the page sends
 //     the token from sessionStorage as the bearer header, never in a URL
 //     the server sees.
-//   - /api/status reads the process's own metrics (metrics.Snapshot), not
-//     the store: one goroutine, started by Start and waited for by
-//     Shutdown, keeps a snapshot every 5 s for 5 minutes (history.go).
+//   - /api/status reads the process's own metrics (metrics.Snapshot) and
+//     the exchange registry, never the stored messages: one goroutine,
+//     started by Start and waited for by Shutdown, keeps a snapshot every
+//     5 s for 5 minutes (history.go).
 package admin

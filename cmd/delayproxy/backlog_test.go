@@ -55,7 +55,7 @@ func TestOverdueGaugeUnderABacklog(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	due := time.Now().Add(time.Second)
+	due := time.Now().Add(3 * time.Second) // time to publish them all, even on a busy machine
 	var confirms []*amqp.DeferredConfirmation
 	for i := range n {
 		// All due at the same instant, whenever each is published.
