@@ -120,6 +120,9 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		Logger:       p.log.With("room", "scheduler"),
 		Metrics:      m,
 	})
+	if err := m.RegisterBacklog(sched); err != nil {
+		return err
+	}
 	icpt := delayed.New(delayed.Config{
 		Store:     st,
 		Scheduler: sched,
@@ -150,8 +153,9 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		Metrics: m,
 		// The store is open for as long as the HTTP server runs (it closes
 		// after web.Shutdown), so readiness is RabbitMQ being reachable.
-		Ready:  func(ctx context.Context) error { return dialUpstream(ctx, p.cfg.UpstreamURL) },
-		Logger: p.log.With("room", "admin"),
+		Ready:   func(ctx context.Context) error { return dialUpstream(ctx, p.cfg.UpstreamURL) },
+		Logger:  p.log.With("room", "admin"),
+		Version: VersionString(),
 	})
 	if err != nil {
 		return err

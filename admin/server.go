@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -88,6 +89,8 @@ type Options struct {
 	// Logger receives request errors and an audit line per cancellation;
 	// nil discards.
 	Logger *slog.Logger
+	// Version is shown on the status page and in /api/status.
+	Version string
 }
 
 // Server is the admin HTTP server.
@@ -95,13 +98,17 @@ type Server struct {
 	opts    Options
 	handler http.Handler
 	log     *slog.Logger
-	now     func() time.Time // the clock /api/upcoming's ranges start from
+	now     func() time.Time // the clock of /api/upcoming's ranges and of the status history
+	hist    history          // the status page's recent metrics (history.go)
+	node    string           // this node's name in /api/status: the host name
 
-	mu       sync.Mutex // guards srv, ln and done
+	mu       sync.Mutex // guards srv, ln, done, stopHist and histDone
 	srv      *http.Server
 	ln       net.Listener
 	done     chan struct{} // closed when Serve has returned
 	serveErr error         // Serve's error other than ErrServerClosed; read after done
+	stopHist func()        // stops the status history's goroutine
+	histDone chan struct{} // closed when it has returned
 }
 
 // New checks opts and builds the server; it does not listen yet.
@@ -117,6 +124,7 @@ func New(opts Options) (*Server, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	s := &Server{opts: opts, log: log, now: time.Now}
+	s.node, _ = os.Hostname()
 	s.handler = s.routes()
 	return s, nil
 }
@@ -133,6 +141,7 @@ func (s *Server) routes() http.Handler {
 	api.HandleFunc("DELETE /api/exchanges/{vhost}/{name}/messages/{id}", s.cancelID)
 	api.HandleFunc("DELETE /api/exchanges/{vhost}/{name}/messages/by-key/{key}", s.cancelKey)
 	api.HandleFunc("GET /api/upcoming", s.upcoming)
+	api.HandleFunc("GET /api/status", s.status)
 	// Method-less twins answer other methods with a JSON 405, and the
 	// catch-all a JSON 404, instead of the mux's plain-text ones.
 	for path, allow := range map[string]string{
@@ -142,6 +151,7 @@ func (s *Server) routes() http.Handler {
 		"/api/exchanges/{vhost}/{name}/messages/{id}":         "DELETE",
 		"/api/exchanges/{vhost}/{name}/messages/by-key/{key}": "DELETE",
 		"/api/upcoming":                                       "GET, HEAD",
+		"/api/status":                                         "GET, HEAD",
 	} {
 		api.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
@@ -159,6 +169,7 @@ func (s *Server) routes() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("/api/", s.auth(escapeSegments(api)))
+	pageRoutes(mux)
 	return mux
 }
 
@@ -265,6 +276,13 @@ func (s *Server) Start() error {
 			s.log.Error("admin HTTP server stopped", "err", err)
 		}
 	}()
+	ctx, stop := context.WithCancel(context.Background())
+	histDone := make(chan struct{})
+	s.stopHist, s.histDone = stop, histDone
+	go func() {
+		defer close(histDone)
+		s.sampleLoop(ctx)
+	}()
 	return nil
 }
 
@@ -279,14 +297,17 @@ func (s *Server) Addr() net.Addr {
 }
 
 // Shutdown stops accepting, waits for requests in flight until ctx ends
-// (then closes them), and waits for the serving goroutine.
+// (then closes them), and waits for the serving goroutine and the status
+// history's.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	srv, done := s.srv, s.done
+	srv, done, stopHist, histDone := s.srv, s.done, s.stopHist, s.histDone
 	s.mu.Unlock()
 	if srv == nil {
 		return nil
 	}
+	stopHist()
+	<-histDone
 	err := srv.Shutdown(ctx)
 	if err != nil {
 		err = errors.Join(err, srv.Close())

@@ -15,4 +15,8 @@
 //     run without metrics.
 //   - Pending counts are not mirrored into gauges; they are read from the
 //     store at scrape time (O(delayed exchanges)), so they can never drift.
+//   - The overdue gauges are read at scrape time from the scheduler's last
+//     measure of its backlog (RegisterBacklog), O(1).
+//   - Snapshot reads the same collectors for the status page, O(buckets):
+//     the page shows what /metrics shows.
 package metrics

@@ -3,6 +3,7 @@ package metrics
 import (
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/delayproxy/delayproxy/store"
@@ -109,6 +110,8 @@ type Metrics struct {
 	commitBatch prometheus.Histogram
 
 	upstreamReconnects prometheus.Counter
+
+	backlog atomic.Pointer[Backlog] // set by RegisterBacklog; nil before
 }
 
 // New builds the collectors and registers them, with the Go and process

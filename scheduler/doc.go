@@ -57,6 +57,7 @@
 // The files follow the parts: wheel.go and due.go (the Wheel and its queues
 // of due keys), clock.go, loop.go (Run), inbox.go (Added, Cancelled),
 // load.go (the horizon loader), release.go (the release pipeline),
-// delete.go (deletes of released messages). Design notes and measurements
-// are in docs/scheduler.md.
+// delete.go (deletes of released messages), progress.go (the backlog's
+// measure for Overdue, and progress lines while releases are behind).
+// Design notes and measurements are in docs/scheduler.md.
 package scheduler

@@ -59,6 +59,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		more := s.load(now)
 		s.dispatch(now)
 		s.startDelete(ctx)
+		s.sampleProgress(now)
 		wait := s.nextWake(now, more)
 		// wait counts from now, read before this turn's work: the timer
 		// is armed for that instant, or a slow turn (or a fake clock moved

@@ -29,6 +29,7 @@ type releaseResult struct {
 	retry []store.Key // not confirmed: back into the wheel
 	gone  []store.Key // no longer in the store (cancelled)
 	n     int         // messages the batch held
+	acked int         // confirmed by RabbitMQ (in del)
 	err   error       // reading the store failed; every key is in retry
 }
 
@@ -149,6 +150,7 @@ func (s *Scheduler) confirmLoop(waits <-chan published) {
 				res.retry = append(res.retry, m.Key)
 			}
 		}
+		res.acked = released
 		if released > 0 && s.opts.Metrics != nil {
 			s.opts.Metrics.Released(released)
 		}
@@ -179,6 +181,7 @@ func (s *Scheduler) publishFunc() func(ctx context.Context, batch []*store.Messa
 func (s *Scheduler) finish(res releaseResult) {
 	s.inflight -= res.n
 	s.calls--
+	s.prog.released += int64(res.acked)
 	for _, k := range res.gone {
 		delete(s.outstanding, k)
 	}

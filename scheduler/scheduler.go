@@ -31,6 +31,10 @@ type Store interface {
 	Delete(ctx context.Context, keys ...store.Key) error
 	// NextDue is the earliest due time stored, if any.
 	NextDue() (int64, bool)
+	// Upcoming counts the stored messages by due time in consecutive
+	// ranges (store.Store.Upcoming); the backlog's measure asks it for the
+	// messages due but not loaded yet.
+	Upcoming(bounds []int64) []int64
 }
 
 var _ Store = store.Store(nil)
@@ -164,6 +168,8 @@ type Scheduler struct {
 	toDeleteAt  time.Time     // when toDelete last became non-empty
 	deleteAfter time.Time     // no delete before this (after a failed one)
 	delBackoff  time.Duration // wait after the next failed delete
+
+	prog progress // the backlog's measure and the progress lines (progress.go)
 
 	fatal    error // ends Run: the store is closed
 	stopping bool  // Run is waiting for the last releases

@@ -20,17 +20,15 @@ import (
 // delayproxy_* name they use must be a metric the proxy exports.
 var deployFiles = []string{"../../deploy/grafana/delayproxy.json", "../../deploy/prometheus/alerts.yml"}
 
-// notYetExported are names the files use for metrics still being added;
-// they are checked like the others once the proxy exports them.
-var notYetExported = map[string]bool{"delayproxy_overdue_messages": true}
-
 // stillWithoutFaults are metrics that exist but move only when something
-// fails (a store commit, the releaser's connection to RabbitMQ) or when the
-// store file grows: the traffic below cannot move them.
+// fails (a store commit, the releaser's connection to RabbitMQ), when the
+// store file grows or when releases fall behind: the traffic below cannot
+// move them.
 var stillWithoutFaults = map[string]bool{
 	"delayproxy_store_commit_failures_total": true,
 	"delayproxy_upstream_reconnects_total":   true,
 	"delayproxy_store_file_bytes":            true, // grows in steps of the bbolt file, not per message
+	"delayproxy_overdue_messages":            true, // TestOverdueGaugeUnderABacklog moves it
 }
 
 // TestDeployMetricsExistAndMove scrapes a proxy before and under traffic
@@ -130,8 +128,6 @@ func TestDeployMetricsExistAndMove(t *testing.T) {
 		}
 		v, ok := after[series]
 		switch {
-		case !ok && notYetExported[n]:
-			t.Logf("%s: not exported yet (being added)", n)
 		case !ok:
 			t.Errorf("%s is used in %v but not exported", n, deployFiles)
 		case v == before[series] && !stillWithoutFaults[n]:

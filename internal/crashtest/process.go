@@ -223,13 +223,18 @@ func (p *Process) Stop(timeout time.Duration) error {
 	return p.Wait(timeout)
 }
 
-// Tail is the last n lines of the child's log.
-func (p *Process) Tail(n int) string {
+// Log is the child's whole log (every run); a read error is its text.
+func (p *Process) Log() string {
 	b, err := os.ReadFile(p.log)
 	if err != nil {
 		return err.Error()
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return string(b)
+}
+
+// Tail is the last n lines of the child's log.
+func (p *Process) Tail(n int) string {
+	lines := strings.Split(strings.TrimRight(p.Log(), "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
