@@ -6,9 +6,10 @@
 // What the suite covers: delayed delivery through the proxy (delayed_*),
 // the service around it: admin API, metrics, logs, TLS, heartbeats
 // (service_*), RabbitMQ's own authorization of delayed publishes
-// (auth_test), and the reliability claims of the README (reliability_*):
+// (auth_test), the reliability claims of the README (reliability_*):
 // SIGKILL rounds, RabbitMQ closing connections, a full disk, hostile input,
-// many connections. Tests that stop RabbitMQ or set its memory alarm
+// many connections, and silent network partitions (partition_test: a hop
+// across a veth link of internal/netns, cut; Linux, as root). Tests that stop RabbitMQ or set its memory alarm
 // (TestFault*, fault_*) build only with -tags brokerfaults and run apart,
 // one package at a time:
 //
@@ -19,6 +20,6 @@
 // the rest on 3.10.
 //
 // Shared helpers live beside internal/testbroker: testbroker (the broker),
-// testwait, testcert and crashtest (publishers with a ledger, child
-// processes).
+// testwait, testcert, crashtest (publishers with a ledger, child
+// processes) and netns (network namespaces whose link can be cut).
 package e2e

@@ -168,11 +168,13 @@ func (c *conn) close(err error) {
 
 // beat sends a heartbeat when nothing was written for half the interval,
 // so RabbitMQ hears from us at least once an interval, and ends the
-// connection when nothing arrived for two intervals: RabbitMQ sends its
-// heartbeats at the same interval, so it is gone or the link is. It
-// returns when the reader does.
+// connection once nothing arrived for two intervals: RabbitMQ sends its
+// heartbeats at the same interval, so it is gone or the link is. It wakes
+// every half interval and at the moment the silence would reach two, so a
+// silent peer is found two intervals after its last byte. It returns when
+// the reader does.
 func (c *conn) beat() {
-	t := time.NewTicker(c.heartbeat / 2)
+	t := time.NewTimer(c.heartbeat / 2)
 	defer t.Stop()
 	heartbeat := wire.AppendFrame(nil, wire.Frame{Type: wire.FrameHeartbeat})
 	for {
@@ -182,10 +184,12 @@ func (c *conn) beat() {
 		case <-t.C:
 		}
 		now := time.Since(c.born)
-		if silent := now - time.Duration(c.lastRead.Load()); silent > 2*c.heartbeat {
+		silent := now - time.Duration(c.lastRead.Load())
+		if silent >= 2*c.heartbeat {
 			c.abort(fmt.Errorf("nothing from RabbitMQ for %v (heartbeat %v)", silent.Round(time.Millisecond), c.heartbeat))
-			continue // the reader returns
+			continue // the timer is spent: wait for the reader to return
 		}
+		t.Reset(min(c.heartbeat/2, 2*c.heartbeat-silent))
 		if now-time.Duration(c.lastWrite.Load()) < c.heartbeat/2 || !c.wmu.TryLock() {
 			continue // bytes left lately, or a batch is being written
 		}

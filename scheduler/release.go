@@ -177,7 +177,9 @@ func (s *Scheduler) publishFunc() func(ctx context.Context, batch []*store.Messa
 // releases pause for the retry backoff (doubling from RetryBackoffMin to
 // RetryBackoffMax, reset by a confirmed release), so later messages of
 // their priority do not overtake them; confirmed messages of the same batch
-// are not withdrawn.
+// are not withdrawn. A failure that ends during a pause is part of the
+// outage that began it: it neither doubles the backoff nor lengthens the
+// pause.
 func (s *Scheduler) finish(res releaseResult) {
 	s.inflight -= res.n
 	s.calls--
@@ -203,6 +205,12 @@ func (s *Scheduler) finish(res releaseResult) {
 	}
 	if s.stopping {
 		return // cut short by shutdown: they stay stored for the next run
+	}
+	if s.clock.Now().Before(s.holdUntil) {
+		// Releases are already held for a failure of the same outage
+		// (batches in flight together fail together when a connection is
+		// lost under them): one failure, one step of the backoff.
+		return
 	}
 	s.holdUntil = s.clock.Now().Add(s.backoff)
 	if res.err == nil {

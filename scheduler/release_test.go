@@ -217,6 +217,40 @@ func TestRetryUntilConfirmed(t *testing.T) {
 	}
 }
 
+// TestBatchesFailingTogetherBackOffOnce: batches in flight together that
+// fail together (a connection lost under them) are one failure: releases
+// pause for RetryBackoffMin, not for a backoff doubled once per batch.
+func TestBatchesFailingTogetherBackOffOnce(t *testing.T) {
+	const batches = 8
+	h := newHarness(t, Options{BatchSize: 1, MaxInFlight: batches, RetryBackoffMin: 100 * time.Millisecond, RetryBackoffMax: 30 * time.Second})
+	h.rel.confirm = func(m *store.Message, attempt int) bool { return attempt > 1 }
+	h.rel.block = make(chan struct{})
+	h.rel.entered = make(chan struct{}, batches)
+	var want []string
+	for i := range batches {
+		want = append(want, h.put(fmt.Sprintf("m%d", i), 0, 0).MessageID)
+	}
+	h.start()
+	for range batches {
+		select {
+		case <-h.rel.entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("releases did not start")
+		}
+	}
+	close(h.rel.block) // all fail at once
+	h.settle()
+	h.wantReleased()
+	h.advance(99 * time.Millisecond)
+	h.wantReleased()
+	h.advance(time.Millisecond)
+	got := h.rel.released() // the batches ran side by side: any order
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("released %v %v after the failure, want all of %v after RetryBackoffMin", got, 100*time.Millisecond, want)
+	}
+}
+
 func TestStaleDiscarded(t *testing.T) {
 	h := newHarness(t, Options{})
 	h.start()
