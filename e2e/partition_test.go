@@ -67,7 +67,7 @@ func TestPartition_ClientProxy(t *testing.T) {
 	conn := dialAcross(t, link, tp.URL(), name)
 	closed := watchClose(conn)
 	ch := confirmChannel(t, conn)
-	ex, _, got := delayedFanout(t, ch)
+	ex, _, got := delayedFanoutOn(t, testbroker.Default(t), ch)
 	publishConfirmed(t, ch, ex, "", false, delayedMsg(3000, "confirmed-before-the-cut"))
 	if !brokerLists(t, name) {
 		t.Fatalf("RabbitMQ does not list the upstream connection %q", name)
