@@ -58,7 +58,9 @@ func (p *cliProxy) declareAndPublish(t *testing.T, msgs ...delayedMsg) string {
 	t.Helper()
 	name := testbroker.UniqueName(t, "cli")
 	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
-	ch := testbroker.Channel(t, testbroker.Dial(t, p.amqpURL))
+	conn := testbroker.Dial(t, p.amqpURL)
+	defer conn.Close() // the status page and metrics tests count open connections
+	ch := testbroker.Channel(t, conn)
 	if err := ch.ExchangeDeclare(name, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "direct"}); err != nil {
 		t.Fatalf("declare %s: %v", name, err)
 	}
@@ -69,7 +71,9 @@ func (p *cliProxy) declareAndPublish(t *testing.T, msgs ...delayedMsg) string {
 // publishMore publishes more messages to an exchange of declareAndPublish.
 func (p *cliProxy) publishMore(t *testing.T, name string, msgs ...delayedMsg) {
 	t.Helper()
-	p.publish(t, testbroker.Channel(t, testbroker.Dial(t, p.amqpURL)), name, msgs...)
+	conn := testbroker.Dial(t, p.amqpURL)
+	defer conn.Close()
+	p.publish(t, testbroker.Channel(t, conn), name, msgs...)
 }
 
 func (p *cliProxy) publish(t *testing.T, ch *amqp.Channel, name string, msgs ...delayedMsg) {
