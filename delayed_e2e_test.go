@@ -264,7 +264,7 @@ func TestDelayedExchange_Redeclare(t *testing.T) {
 		args    amqp.Table
 		reason  string
 	}{
-		{"other type", true, amqp.Table{"x-delayed-type": "topic", "note": "v1"}, "inequivalent arg 'type'"},
+		{"other type", true, amqp.Table{"x-delayed-type": "topic", "note": "v1"}, "inequivalent arg 'x-delayed-type'"},
 		{"not durable", false, amqp.Table{"x-delayed-type": "direct", "note": "v1"}, "inequivalent arg 'durable'"},
 		{"alternate exchange", true, amqp.Table{"x-delayed-type": "direct", "note": "v1", "alternate-exchange": "ae"}, "inequivalent arg 'alternate-exchange'"},
 	}

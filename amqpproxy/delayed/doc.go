@@ -8,7 +8,10 @@
 //	    (406 texts), declared upstream with the x-delayed-type as its type
 //	    and the arguments unchanged, recorded in the store's registry after
 //	    RabbitMQ's declare-ok; the client gets declare-ok after the record
-//	    is durable (nothing for no-wait).
+//	    is durable (nothing for no-wait). A redeclare with another
+//	    x-delayed-type goes upstream with the registered type, so RabbitMQ
+//	    judges the flags and alternate-exchange; if it finds them
+//	    equivalent, the proxy answers 406 naming x-delayed-type.
 //	exchange.delete of a delayed exchange   -> relayed; after delete-ok its
 //	    pending messages are discarded (counted) and the record removed.
 //	basic.publish to a delayed exchange      -> x-delay parsed (parseDelay);
