@@ -79,9 +79,16 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		return err
 	}
 
+	// The releaser declares a missing real exchange again from the
+	// registry, but not one a client is deleting (icpt.Lookup); icpt needs
+	// the scheduler, which needs the releaser, and is set before the
+	// scheduler runs.
+	var icpt *delayed.Interceptor
 	rel, err := releaser.New(releaser.Config{
-		URL:          p.cfg.ReleaseAccountURL(),
-		Lookup:       st.Exchange,
+		URL: p.cfg.ReleaseAccountURL(),
+		Lookup: func(vhost, name string) (store.ExchangeDef, bool) {
+			return icpt.Lookup(vhost, name)
+		},
 		OnUnroutable: func(vhost, exchange, key string) { m.Unroutable(1) },
 		OnReconnect:  func(string) { m.UpstreamReconnect() },
 		Logger:       p.log.With("room", "releaser"),
@@ -107,7 +114,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		Logger:       p.log.With("room", "scheduler"),
 		Metrics:      m,
 	})
-	icpt := delayed.New(delayed.Config{
+	icpt = delayed.New(delayed.Config{
 		Store:     st,
 		Scheduler: sched,
 		MaxDelay:  p.cfg.MaxDelay,

@@ -31,6 +31,11 @@ type Store interface {
 	Delete(ctx context.Context, keys ...store.Key) error
 	// NextDue is the earliest due time stored, if any.
 	NextDue() (int64, bool)
+	// Exchange looks a delayed exchange up in the registry, from memory.
+	Exchange(vhost, name string) (store.ExchangeDef, bool)
+	// DeleteExchange removes a delayed exchange from the registry and
+	// returns how many of its messages the store still held unreleased.
+	DeleteExchange(ctx context.Context, vhost, name string) (int64, error)
 }
 
 var _ Store = store.Store(nil)
@@ -105,6 +110,9 @@ type Metrics interface {
 	// its due time it was published: written, for a PipelinedReleaser
 	// (Publish returned); handed over, for a Releaser.
 	ReleaseLateness(late time.Duration)
+	// Discarded counts n pending messages discarded with their deleted
+	// exchange (DeleteExchange).
+	Discarded(n int)
 }
 
 // Scheduler loads due keys from the store into a Wheel and releases them in
@@ -117,11 +125,13 @@ type Scheduler struct {
 	log   *slog.Logger
 	hzMs  int64 // Horizon in ms
 
-	running atomic.Bool
-	notify  chan struct{}      // wakes the loop; capacity 1
-	results chan releaseResult // from the release pipeline; never blocks
-	deleted chan deleteResult  // from the delete goroutine; never blocks
-	wg      sync.WaitGroup     // pipeline, Release and delete goroutines
+	running         atomic.Bool
+	notify          chan struct{}        // wakes the loop; capacity 1
+	results         chan releaseResult   // from the release pipeline; never blocks
+	deleted         chan deleteResult    // from the delete goroutine; never blocks
+	exchangeDeletes chan *exchangeDelete // DeleteExchange calls, to the loop
+	stopped         chan struct{}        // closed when Run returns
+	wg              sync.WaitGroup       // pipeline, Release and delete goroutines
 
 	// The inbox (inbox.go), shared by Added, Cancelled and the loop.
 
@@ -152,7 +162,9 @@ type Scheduler struct {
 	inflight    int                    // messages in Release calls
 	calls       int                    // Release calls running
 	maxCalls    int                    // most Release calls at once
-	jobs        chan []store.Key       // dispatched batches, to publishLoop
+	jobs        chan batchJob          // dispatched batches, to publishLoop
+	batchSeq    uint64                 // sequence number of the last dispatched batch
+	unanswered  map[uint64]struct{}    // sequence numbers of the batches in flight
 	backoff     time.Duration          // retry backoff after the next unconfirmed release
 	holdUntil   time.Time              // no release before this (retry backoff)
 	tokens      float64                // rate limiter bucket
@@ -164,6 +176,9 @@ type Scheduler struct {
 	toDeleteAt  time.Time     // when toDelete last became non-empty
 	deleteAfter time.Time     // no delete before this (after a failed one)
 	delBackoff  time.Duration // wait after the next failed delete
+
+	// The exchange deletes (exchange.go), in the order they came.
+	exchangeDels []*exchangeDelete
 
 	fatal    error // ends Run: the store is closed
 	stopping bool  // Run is waiting for the last releases
@@ -214,9 +229,13 @@ func New(st Store, r Releaser, opts Options) *Scheduler {
 		results:     make(chan releaseResult, opts.MaxInFlight),
 		deleted:     make(chan deleteResult, 1),
 		outstanding: make(map[store.Key]struct{}),
+		unanswered:  make(map[uint64]struct{}),
 		backoff:     opts.RetryBackoffMin,
 		maxInbox:    maxInbox,
 		maxCalls:    maxCalls(r, opts),
+
+		exchangeDeletes: make(chan *exchangeDelete),
+		stopped:         make(chan struct{}),
 	}
 }
 

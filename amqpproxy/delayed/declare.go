@@ -142,31 +142,6 @@ func (h *connHooks) recordThenAnswer(r *amqpproxy.Reply, noWait bool, what strin
 	})
 }
 
-// delete deletes the real exchange upstream, then drops the delayed
-// exchange and its pending messages.
-func (h *connHooks) delete(call *amqpproxy.Call, m *wire.ExchangeDelete) {
-	req := *m
-	req.NoWait = false
-	noWait := m.NoWait
-	vhost, name := h.c.VHost, m.Exchange
-	call.Relay(&req, func(r *amqpproxy.Reply) {
-		if r.Err != nil || r.Method.ID() != wire.IDExchangeDeleteOk {
-			if r.Err == nil {
-				r.Pass()
-			}
-			return
-		}
-		h.recordThenAnswer(r, noWait, "drop delayed exchange "+name, func() error {
-			n, err := h.i.cfg.Store.DeleteExchange(h.i.ctx, vhost, name)
-			if n > 0 {
-				h.i.cfg.Metrics.Discarded(int(n))
-				h.i.cfg.Logger.Info("delayed exchange deleted, pending messages discarded", "vhost", vhost, "exchange", name, "discarded", n)
-			}
-			return err
-		})
-	})
-}
-
 // closeCall closes the call's channel with the error's code and text.
 func closeCall(call *amqpproxy.Call, err error) {
 	code, text := replyOf(err)

@@ -12,8 +12,10 @@
 //	    x-delayed-type goes upstream with the registered type, so RabbitMQ
 //	    judges the flags and alternate-exchange; if it finds them
 //	    equivalent, the proxy answers 406 naming x-delayed-type.
-//	exchange.delete of a delayed exchange   -> relayed; after delete-ok its
-//	    pending messages are discarded (counted) and the record removed.
+//	exchange.delete of a delayed exchange   -> relayed; after delete-ok the
+//	    scheduler removes the record and discards (and counts) the pending
+//	    messages; meanwhile Lookup hides the exchange from the releaser,
+//	    which would otherwise declare it again on a release's 404.
 //	basic.publish to a delayed exchange      -> x-delay parsed (parseDelay);
 //	    none, zero or negative: relayed at once, header as it was; otherwise
 //	    stored and confirmed with the client's own tag after fsync, once
