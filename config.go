@@ -28,6 +28,8 @@ const (
 	StoreFile = "delayproxy.db"
 	// minTokenLen is the shortest admin token accepted.
 	minTokenLen = 16
+	// MaxReleaseWindow is the largest Config.ReleaseWindow accepted.
+	MaxReleaseWindow = time.Hour
 )
 
 const (
@@ -61,6 +63,12 @@ type Config struct {
 	AdminToken string
 	// ReleaseRate caps releases per second; 0 means unlimited.
 	ReleaseRate float64
+	// ReleaseWindow rounds every due time up to a multiple of it (since the
+	// unix epoch) when a delayed publish is taken, so that messages
+	// published within one window with the same delay are due together and
+	// released by priority, never early; 0 keeps exact milliseconds. Whole
+	// milliseconds, at most MaxReleaseWindow.
+	ReleaseWindow time.Duration
 	// MaxDelay is the largest x-delay accepted; larger ones are refused
 	// with 406 PRECONDITION_FAILED.
 	MaxDelay time.Duration
@@ -146,6 +154,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReleaseRate < 0 || math.IsNaN(c.ReleaseRate) || math.IsInf(c.ReleaseRate, 0) {
 		return bad("release-rate", "must be a finite number >= 0, got %v", c.ReleaseRate)
+	}
+	if c.ReleaseWindow < 0 || c.ReleaseWindow > MaxReleaseWindow || c.ReleaseWindow%time.Millisecond != 0 {
+		return bad("release-window", "must be 0 or whole milliseconds up to %s, got %s", formatDuration(MaxReleaseWindow), formatDuration(c.ReleaseWindow))
 	}
 	if c.MaxDelay <= 0 {
 		return bad("max-delay", "must be > 0, got %s", formatDuration(c.MaxDelay))

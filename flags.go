@@ -60,6 +60,8 @@ func (c *Config) options(tokenFile *string, version *bool) []option {
 			usage: "file holding the admin token (e.g. a Docker secret); surrounding white space is ignored"},
 		{name: "release-rate", arg: "N", env: true, value: (*floatValue)(&c.ReleaseRate),
 			usage: "most messages released per second; 0 = unlimited"},
+		{name: "release-window", arg: "DURATION", env: true, value: (*durationValue)(&c.ReleaseWindow),
+			usage: "round due times up to windows of this size (whole ms, at most 1h), so messages published together with the same delay are released by priority, never early; 0 = exact milliseconds"},
 		{name: "max-delay", arg: "DURATION", env: true, value: (*durationValue)(&c.MaxDelay),
 			usage: "largest x-delay accepted; above it a publish is refused with 406 (units: ms s m h d y)"},
 		{name: "max-message-size", arg: "SIZE", env: true, value: (*sizeValue)(&c.MaxMessageSize),

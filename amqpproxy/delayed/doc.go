@@ -46,8 +46,10 @@
 //     commit, so equal due times keep publish order (invariant 4). Its
 //     queue is bounded; reading from the client stops while it is full.
 //   - Due times are the publish time rounded up to the millisecond plus
-//     x-delay (DueAt), so no release is ever early as seen from the client
-//     (invariant 3).
+//     x-delay (DueAt), then up to a multiple of Config.ReleaseWindow when
+//     one is set (windowDue), so no release is ever early as seen from the
+//     client (invariant 3), and messages published within one window with
+//     the same delay are due together (invariant 4).
 //   - A publish to an exchange this connection is still declaring waits for
 //     the declare's outcome, so a no-wait declare followed at once by a
 //     publish is still delayed.

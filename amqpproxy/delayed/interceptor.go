@@ -62,6 +62,10 @@ type Config struct {
 	Scheduler Scheduler
 	// MaxDelay refuses larger x-delay values with 406; 0 means no limit.
 	MaxDelay time.Duration
+	// ReleaseWindow rounds due times up to a multiple of it, in whole
+	// milliseconds since the unix epoch (windowDue); 0 or 1 ms keeps them
+	// exact.
+	ReleaseWindow time.Duration
 	// Now is the wall clock due times are computed from; default time.Now.
 	Now func() time.Time
 	// QueueLen bounds each connection's publishes waiting to be stored;
