@@ -59,7 +59,7 @@ func testPublishedTogether(t *testing.T, window time.Duration) {
 
 	inOrder, conclusive, sameMs := 0, 0, 0
 	for attempt := 0; conclusive < rounds; attempt++ {
-		if attempt == 3*rounds {
+		if attempt == 10*rounds { // slow machines (-race) straddle often
 			t.Fatalf("only %d of %d attempts published within one window", conclusive, attempt)
 		}
 		// Start just after a boundary of the grid.
