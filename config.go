@@ -28,6 +28,8 @@ const (
 	StoreFile = "delayproxy.db"
 	// minTokenLen is the shortest admin token accepted.
 	minTokenLen = 16
+	// MaxReleaseWindow is the largest Config.ReleaseWindow accepted.
+	MaxReleaseWindow = time.Hour
 )
 
 const (
@@ -66,6 +68,12 @@ type Config struct {
 	// 3.13) or "int32" (a signed 32-bit 'I', what it wrote up to 3.12; 'l'
 	// where the value does not fit).
 	ReleasedDelayType string
+	// ReleaseWindow rounds every due time up to a multiple of it (since the
+	// unix epoch) when a delayed publish is taken, so that messages
+	// published within one window with the same delay are due together and
+	// released by priority, never early; 0 keeps exact milliseconds. Whole
+	// milliseconds, at most MaxReleaseWindow.
+	ReleaseWindow time.Duration
 	// MaxDelay is the largest x-delay accepted; larger ones are refused
 	// with 406 PRECONDITION_FAILED.
 	MaxDelay time.Duration
@@ -155,6 +163,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReleasedDelayType != "int64" && c.ReleasedDelayType != "int32" {
 		return bad("released-delay-type", "%q is not one of int64, int32", c.ReleasedDelayType)
+	}
+	if c.ReleaseWindow < 0 || c.ReleaseWindow > MaxReleaseWindow || c.ReleaseWindow%time.Millisecond != 0 {
+		return bad("release-window", "must be 0 or whole milliseconds up to %s, got %s", formatDuration(MaxReleaseWindow), formatDuration(c.ReleaseWindow))
 	}
 	if c.MaxDelay <= 0 {
 		return bad("max-delay", "must be > 0, got %s", formatDuration(c.MaxDelay))

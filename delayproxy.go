@@ -92,10 +92,15 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		return err
 	}
 
+	// The releaser declares a missing real exchange again from the
+	// registry, but not one a client is deleting (icpt.Lookup); icpt needs
+	// the scheduler, which needs the releaser, and is set before the
+	// scheduler runs.
+	var icpt *delayed.Interceptor
 	rel, err := releaser.New(releaser.Config{
 		URL:       p.cfg.ReleaseAccountURL(),
 		DelayType: releaser.DelayType(p.cfg.ReleasedDelayType),
-		Registry:  st,
+		Registry:  registryFunc(func(vhost, name string) (store.ExchangeDef, bool) { return icpt.Lookup(vhost, name) }),
 		Metrics:   m,
 		Logger:    p.log.With("room", "releaser"),
 	})
@@ -123,13 +128,14 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	if err := m.RegisterBacklog(sched); err != nil {
 		return err
 	}
-	icpt := delayed.New(delayed.Config{
-		Store:     st,
-		Scheduler: sched,
-		MaxDelay:  p.cfg.MaxDelay,
-		Now:       now,
-		Metrics:   m,
-		Logger:    p.log.With("room", "delayed"),
+	icpt = delayed.New(delayed.Config{
+		Store:         st,
+		Scheduler:     sched,
+		MaxDelay:      p.cfg.MaxDelay,
+		ReleaseWindow: p.cfg.ReleaseWindow,
+		Now:           now,
+		Metrics:       m,
+		Logger:        p.log.With("room", "delayed"),
 	})
 	srv, err := amqpproxy.New(amqpproxy.Config{
 		Upstream:         p.cfg.UpstreamURL,
@@ -234,6 +240,12 @@ const MaxReleasesInFlight = 4096
 // crash releases them again (invariant 2): at most 5×MaxReleasesInFlight.
 // docs/scheduler.md has the measurements behind the value.
 const ReleaseDeleteLinger = 20 * time.Millisecond
+
+// registryFunc is a registry lookup as the releaser takes it.
+type registryFunc func(vhost, name string) (store.ExchangeDef, bool)
+
+// Exchange looks the delayed exchange up.
+func (f registryFunc) Exchange(vhost, name string) (store.ExchangeDef, bool) { return f(vhost, name) }
 
 // vhostsOf lists the distinct vhosts of the delayed exchanges.
 func vhostsOf(defs []store.ExchangeDef) []string {

@@ -24,6 +24,9 @@
 //     When releases keep up, each message goes at its due millisecond; when
 //     they are behind (a burst, a backlog after downtime, a release rate),
 //     everything due that the scheduler has loaded goes out by priority.
+//     A release window (Config.ReleaseWindow) rounds due times up to a
+//     multiple of it when a publish is taken, so that messages published
+//     within one window with the same delay are due together.
 //  5. Memory does not grow with the number of pending messages: only the
 //     loaded horizon lives in RAM; the rest is in the store.
 //  6. Restart is instant: opening a store with millions of pending messages

@@ -62,6 +62,8 @@ func (c *Config) options(tokenFile *string, version *bool) []option {
 			usage: "most messages released per second; 0 = unlimited"},
 		{name: "released-delay-type", arg: "TYPE", env: true, value: (*stringValue)(&c.ReleasedDelayType),
 			usage: "field type of x-delay on released messages: int64 (signed 64-bit 'l', as the plugin on RabbitMQ 3.13+) or int32 (signed 32-bit 'I', as up to 3.12; 'l' where it does not fit)"},
+		{name: "release-window", arg: "DURATION", env: true, value: (*durationValue)(&c.ReleaseWindow),
+			usage: "round due times up to windows of this size (whole ms, at most 1h), so messages published together with the same delay are released by priority, never early; 0 = exact milliseconds"},
 		{name: "max-delay", arg: "DURATION", env: true, value: (*durationValue)(&c.MaxDelay),
 			usage: "largest x-delay accepted; above it a publish is refused with 406 (units: ms s m h d y)"},
 		{name: "max-message-size", arg: "SIZE", env: true, value: (*sizeValue)(&c.MaxMessageSize),

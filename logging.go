@@ -38,6 +38,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("admin_token", token),
 		slog.Float64("release_rate", c.ReleaseRate),
 		slog.String("released_delay_type", c.ReleasedDelayType),
+		slog.String("release_window", formatDuration(c.ReleaseWindow)),
 		slog.String("max_delay", formatDuration(c.MaxDelay)),
 		slog.String("max_message_size", formatSize(c.MaxMessageSize)),
 		slog.String("handshake_timeout", formatDuration(c.HandshakeTimeout)),

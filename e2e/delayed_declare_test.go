@@ -132,7 +132,7 @@ func testDelayedExchangeRedeclare(t *testing.T, b testbroker.Broker) {
 		args    amqp.Table
 		reason  string
 	}{
-		{"other type", true, amqp.Table{"x-delayed-type": "topic", "note": "v1"}, "inequivalent arg 'type'"},
+		{"other type", true, amqp.Table{"x-delayed-type": "topic", "note": "v1"}, "inequivalent arg 'x-delayed-type'"},
 		{"not durable", false, amqp.Table{"x-delayed-type": "direct", "note": "v1"}, "inequivalent arg 'durable'"},
 		{"alternate exchange", true, amqp.Table{"x-delayed-type": "direct", "note": "v1", "alternate-exchange": "ae"}, "inequivalent arg 'alternate-exchange'"},
 	}

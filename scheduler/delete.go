@@ -20,12 +20,20 @@ import (
 type deleteResult struct {
 	keys []store.Key
 	err  error
+	// exchange is the exchange delete this goroutine made after deleting
+	// keys (exchange.go), if any.
+	exchange *exchangeDelete
 }
 
 // startDelete starts the delete goroutine on everything waiting, unless one
-// is running: deletes of confirmed messages group up while one commits.
+// is running: deletes of confirmed messages group up while one commits. An
+// exchange delete waiting goes first, with everything waiting whatever the
+// linger.
 func (s *Scheduler) startDelete(ctx context.Context) {
-	if s.deleting || len(s.toDelete) == 0 {
+	if s.deleting {
+		return
+	}
+	if s.startExchangeDelete(ctx) || len(s.toDelete) == 0 {
 		return
 	}
 	if !s.stopping && s.clock.Now().Before(s.deleteAt()) {
@@ -38,7 +46,7 @@ func (s *Scheduler) startDelete(ctx context.Context) {
 		// Not cancelled with ctx: a confirmed release must be deleted, or
 		// it is released again after a restart.
 		err := s.st.Delete(context.WithoutCancel(ctx), keys...)
-		s.deleted <- deleteResult{keys, err}
+		s.deleted <- deleteResult{keys: keys, err: err}
 	})
 }
 
@@ -67,6 +75,9 @@ func (s *Scheduler) deleteAt() time.Time {
 // are forgotten; a failed delete is retried after a backoff.
 func (s *Scheduler) finishDelete(res deleteResult) {
 	s.deleting = false
+	if res.exchange != nil {
+		s.exchangeRemoved(res.exchange)
+	}
 	if res.err != nil && !s.stopping && !errors.Is(res.err, store.ErrClosed) {
 		// Released but still stored (a full disk, say): keep them out of
 		// the wheel and try again later, or they would stay pending and be

@@ -54,10 +54,15 @@
 // Every goroutine (the release pipeline, plain Release calls, the delete) is
 // tracked and Run waits for it.
 //
+// DeleteExchange removes a delayed exchange from the store for the delayed
+// layer and counts what it discarded: the messages still pending, never a
+// release RabbitMQ confirmed, even one whose delete lingers or that was in
+// flight (every message is counted once, released or discarded).
+//
 // The files follow the parts: wheel.go and due.go (the Wheel and its queues
 // of due keys), clock.go, loop.go (Run), inbox.go (Added, Cancelled),
 // load.go (the horizon loader), release.go (the release pipeline),
-// delete.go (deletes of released messages), progress.go (the backlog's
+// delete.go (deletes of released messages), exchange.go (DeleteExchange), progress.go (the backlog's
 // measure for Overdue, and progress lines while releases are behind).
 // Design notes and measurements are in docs/scheduler.md.
 package scheduler

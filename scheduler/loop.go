@@ -38,6 +38,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
+	defer close(s.stopped)
 	now := s.clock.Now()
 	s.w = NewWheel(now.UnixMilli(), s.hzMs)
 	s.tokens, s.tokensAt = s.burst(), now
@@ -45,7 +46,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	defer timer.Stop()
 	ctx, cancel := context.WithCancel(ctx) // also ends releases after a store failure
 	defer cancel()
-	s.jobs = make(chan []store.Key, s.maxCalls)
+	s.jobs = make(chan batchJob, s.maxCalls)
 	waits := make(chan published, s.maxCalls)
 	s.wg.Go(func() { s.publishLoop(ctx, s.jobs, waits) })
 	s.wg.Go(func() { s.confirmLoop(waits) })
@@ -76,14 +77,17 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			s.finish(res)
 		case res := <-s.deleted:
 			s.finishDelete(res)
+		case req := <-s.exchangeDeletes:
+			s.exchangeDels = append(s.exchangeDels, req)
 		}
 	}
 
-	// Wait for the releases in flight, then delete what they confirmed.
+	// Wait for the releases in flight, then delete what they confirmed and
+	// finish the exchange deletes already taken.
 	cancel()
 	close(s.jobs) // the pipeline ends once it has answered every batch
 	s.stopping = true
-	for s.inflight > 0 || s.deleting || len(s.toDelete) > 0 {
+	for s.inflight > 0 || s.deleting || len(s.toDelete) > 0 || len(s.exchangeDels) > 0 {
 		s.startDelete(ctx)
 		select {
 		case res := <-s.results:

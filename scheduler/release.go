@@ -23,14 +23,24 @@ import (
 // confirmed and stale keys for their delete (delete.go) and puts
 // unconfirmed ones back into the wheel.
 
+// batchJob is a dispatched batch: the keys to release, in order.
+type batchJob struct {
+	seq  uint64 // numbers the batches in dispatch order
+	keys []store.Key
+}
+
 // releaseResult is what the pipeline reports to the loop for one batch.
 type releaseResult struct {
+	seq   uint64      // the batch's batchJob.seq
 	del   []store.Key // confirmed or stale: delete them
 	retry []store.Key // not confirmed: back into the wheel
 	gone  []store.Key // no longer in the store (cancelled)
 	n     int         // messages the batch held
 	acked int         // confirmed by RabbitMQ (in del)
 	err   error       // reading the store failed; every key is in retry
+	// releasedInc holds the exchange incarnation of each message RabbitMQ
+	// confirmed, for the exchange deletes' count (exchange.go).
+	releasedInc []uint64
 }
 
 // dispatch hands due keys to the release pipeline while limits allow: at
@@ -62,7 +72,9 @@ func (s *Scheduler) dispatch(now time.Time) {
 		}
 		s.inflight += len(batch)
 		s.calls++
-		s.jobs <- batch // never blocks: it holds maxCalls
+		s.batchSeq++
+		s.unanswered[s.batchSeq] = struct{}{}
+		s.jobs <- batchJob{seq: s.batchSeq, keys: batch} // never blocks: it holds maxCalls
 	}
 }
 
@@ -90,11 +102,12 @@ func (s *Scheduler) refill(now time.Time) {
 // drops what is gone or stale and hands the rest to the Releaser. It does
 // not wait for confirms (confirmLoop does), so batches go out one after
 // another, in order, with one hand-off between the loop and the wire.
-func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan []store.Key, waits chan<- published) {
+func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits chan<- published) {
 	defer close(waits)
 	publish := s.publishFunc()
-	for keys := range jobs {
-		res := releaseResult{n: len(keys)}
+	for job := range jobs {
+		keys := job.keys
+		res := releaseResult{seq: job.seq, n: len(keys)}
 		msgs, err := s.st.Get(keys)
 		if err != nil {
 			res.err, res.retry = err, keys
@@ -142,6 +155,7 @@ func (s *Scheduler) confirmLoop(waits <-chan published) {
 		for i, m := range p.live {
 			if i < len(confirmed) && confirmed[i] {
 				res.del = append(res.del, m.Key)
+				res.releasedInc = append(res.releasedInc, m.Incarnation)
 				released++
 				if s.opts.Metrics != nil {
 					s.opts.Metrics.ReleaseLateness(p.at.Sub(time.UnixMilli(m.Key.Due())))
@@ -184,6 +198,8 @@ func (s *Scheduler) finish(res releaseResult) {
 	s.inflight -= res.n
 	s.calls--
 	s.prog.released += int64(res.acked)
+	delete(s.unanswered, res.seq)
+	s.answeredForExchangeDeletes(res)
 	for _, k := range res.gone {
 		delete(s.outstanding, k)
 	}

@@ -318,9 +318,10 @@ func TestMaxInFlight(t *testing.T) {
 
 // counts is the Metrics test double: it records what it is told.
 type counts struct {
-	mu       sync.Mutex // guards released and late
-	released int
-	late     []time.Duration
+	mu        sync.Mutex // guards released, late and discarded
+	released  int
+	late      []time.Duration
+	discarded int
 }
 
 func (c *counts) Released(n int) {
@@ -333,6 +334,12 @@ func (c *counts) ReleaseLateness(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.late = append(c.late, d)
+}
+
+func (c *counts) Discarded(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.discarded += n
 }
 
 func TestMetrics(t *testing.T) {

@@ -35,6 +35,11 @@ type Store interface {
 	// ranges (store.Store.Upcoming); the backlog's measure asks it for the
 	// messages due but not loaded yet.
 	Upcoming(bounds []int64) []int64
+	// Exchange looks a delayed exchange up in the registry, from memory.
+	Exchange(vhost, name string) (store.ExchangeDef, bool)
+	// DeleteExchange removes a delayed exchange from the registry and
+	// returns how many of its messages the store still held unreleased.
+	DeleteExchange(ctx context.Context, vhost, name string) (int64, error)
 }
 
 var _ Store = store.Store(nil)
@@ -109,6 +114,9 @@ type Metrics interface {
 	// its due time it was published: written, for a PipelinedReleaser
 	// (Publish returned); handed over, for a Releaser.
 	ReleaseLateness(late time.Duration)
+	// Discarded counts n pending messages discarded with their deleted
+	// exchange (DeleteExchange).
+	Discarded(n int)
 }
 
 // Scheduler loads due keys from the store into a Wheel and releases them in
@@ -121,11 +129,13 @@ type Scheduler struct {
 	log   *slog.Logger
 	hzMs  int64 // Horizon in ms
 
-	running atomic.Bool
-	notify  chan struct{}      // wakes the loop; capacity 1
-	results chan releaseResult // from the release pipeline; never blocks
-	deleted chan deleteResult  // from the delete goroutine; never blocks
-	wg      sync.WaitGroup     // pipeline, Release and delete goroutines
+	running         atomic.Bool
+	notify          chan struct{}        // wakes the loop; capacity 1
+	results         chan releaseResult   // from the release pipeline; never blocks
+	deleted         chan deleteResult    // from the delete goroutine; never blocks
+	exchangeDeletes chan *exchangeDelete // DeleteExchange calls, to the loop
+	stopped         chan struct{}        // closed when Run returns
+	wg              sync.WaitGroup       // pipeline, Release and delete goroutines
 
 	// The inbox (inbox.go), shared by Added, Cancelled and the loop.
 
@@ -156,7 +166,9 @@ type Scheduler struct {
 	inflight    int                    // messages in Release calls
 	calls       int                    // Release calls running
 	maxCalls    int                    // most Release calls at once
-	jobs        chan []store.Key       // dispatched batches, to publishLoop
+	jobs        chan batchJob          // dispatched batches, to publishLoop
+	batchSeq    uint64                 // sequence number of the last dispatched batch
+	unanswered  map[uint64]struct{}    // sequence numbers of the batches in flight
 	backoff     time.Duration          // retry backoff after the next unconfirmed release
 	holdUntil   time.Time              // no release before this (retry backoff)
 	tokens      float64                // rate limiter bucket
@@ -170,6 +182,8 @@ type Scheduler struct {
 	delBackoff  time.Duration // wait after the next failed delete
 
 	prog progress // the backlog's measure and the progress lines (progress.go)
+	// The exchange deletes (exchange.go), in the order they came.
+	exchangeDels []*exchangeDelete
 
 	fatal    error // ends Run: the store is closed
 	stopping bool  // Run is waiting for the last releases
@@ -220,9 +234,13 @@ func New(st Store, r Releaser, opts Options) *Scheduler {
 		results:     make(chan releaseResult, opts.MaxInFlight),
 		deleted:     make(chan deleteResult, 1),
 		outstanding: make(map[store.Key]struct{}),
+		unanswered:  make(map[uint64]struct{}),
 		backoff:     opts.RetryBackoffMin,
 		maxInbox:    maxInbox,
 		maxCalls:    maxCalls(r, opts),
+
+		exchangeDeletes: make(chan *exchangeDelete),
+		stopped:         make(chan struct{}),
 	}
 }
 

@@ -17,9 +17,8 @@ const (
 // realDeclare checks a non-passive declare of an x-delayed-message exchange
 // and returns the declare the proxy sends upstream: the same exchange with
 // the underlying type from x-delayed-type, arguments unchanged (x-delayed-type
-// included, so a redeclare with other arguments fails upstream as it would
-// with the plugin), and nowait off, since the proxy records the exchange only
-// once RabbitMQ has declared it. Errors carry the plugin's codes and texts.
+// included), and nowait off, since the proxy records the exchange only once
+// RabbitMQ has declared it. Errors carry the plugin's codes and texts.
 func realDeclare(m *wire.ExchangeDeclare) (wire.ExchangeDeclare, error) {
 	v, ok, err := m.Arguments.Get(argDelayedType)
 	if err != nil {
@@ -56,12 +55,34 @@ func registryDef(vhost string, up *wire.ExchangeDeclare) *store.ExchangeDef {
 	}
 }
 
+// inequivalentDelayedType is the 406 for a redeclare whose x-delayed-type
+// differs from the registered one, worded as RabbitMQ words any inequivalent
+// argument (rabbit_misc:equivalence_fail, both values present).
+func inequivalentDelayedType(vhost, name, received, current string) error {
+	return wire.NewError(wire.PreconditionFailed, fmt.Sprintf(
+		"inequivalent arg '%s' for exchange '%s' in vhost '%s': received '%s' but current is '%s'",
+		argDelayedType, name, vhost, received, current))
+}
+
 // declare declares the real exchange upstream, then records it.
+//
+// A redeclare of a registered exchange with another x-delayed-type goes
+// upstream with the registered type, so that RabbitMQ judges durable,
+// auto-delete, internal and alternate-exchange, in its order, with its own
+// texts; only once it has found them equivalent does the proxy refuse the
+// x-delayed-type, naming it (the real exchange's type would otherwise make
+// RabbitMQ name 'type', an argument the client never sent). Nothing is
+// recorded then.
 func (h *connHooks) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
 	up, err := realDeclare(m)
 	if err != nil {
 		closeCall(call, err)
 		return
+	}
+	var inequivalent error
+	if cur, ok := h.i.cfg.Store.Exchange(h.c.VHost, m.Exchange); ok && cur.DelayedType != up.Type {
+		inequivalent = inequivalentDelayedType(h.c.VHost, m.Exchange, up.Type, cur.DelayedType)
+		up.Type = cur.DelayedType
 	}
 	done := make(chan struct{})
 	h.mu.Lock()
@@ -85,6 +106,12 @@ func (h *connHooks) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
 			if r.Err == nil {
 				r.Pass()
 			}
+			return
+		}
+		if inequivalent != nil {
+			finish()
+			code, text := replyOf(inequivalent)
+			r.CloseChannel(code, text)
 			return
 		}
 		h.recordThenAnswer(r, noWait, what, func() error {
@@ -112,31 +139,6 @@ func (h *connHooks) recordThenAnswer(r *amqpproxy.Reply, noWait bool, what strin
 		} else {
 			r.Pass()
 		}
-	})
-}
-
-// delete deletes the real exchange upstream, then drops the delayed
-// exchange and its pending messages.
-func (h *connHooks) delete(call *amqpproxy.Call, m *wire.ExchangeDelete) {
-	req := *m
-	req.NoWait = false
-	noWait := m.NoWait
-	vhost, name := h.c.VHost, m.Exchange
-	call.Relay(&req, func(r *amqpproxy.Reply) {
-		if r.Err != nil || r.Method.ID() != wire.IDExchangeDeleteOk {
-			if r.Err == nil {
-				r.Pass()
-			}
-			return
-		}
-		h.recordThenAnswer(r, noWait, "drop delayed exchange "+name, func() error {
-			n, err := h.i.cfg.Store.DeleteExchange(h.i.ctx, vhost, name)
-			if n > 0 {
-				h.i.cfg.Metrics.Discarded(int(n))
-				h.i.cfg.Logger.Info("delayed exchange deleted, pending messages discarded", "vhost", vhost, "exchange", name, "discarded", n)
-			}
-			return err
-		})
 	})
 }
 

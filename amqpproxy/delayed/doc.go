@@ -8,9 +8,14 @@
 //	    (406 texts), declared upstream with the x-delayed-type as its type
 //	    and the arguments unchanged, recorded in the store's registry after
 //	    RabbitMQ's declare-ok; the client gets declare-ok after the record
-//	    is durable (nothing for no-wait).
-//	exchange.delete of a delayed exchange   -> relayed; after delete-ok its
-//	    pending messages are discarded (counted) and the record removed.
+//	    is durable (nothing for no-wait). A redeclare with another
+//	    x-delayed-type goes upstream with the registered type, so RabbitMQ
+//	    judges the flags and alternate-exchange; if it finds them
+//	    equivalent, the proxy answers 406 naming x-delayed-type.
+//	exchange.delete of a delayed exchange   -> relayed; after delete-ok the
+//	    scheduler removes the record and discards (and counts) the pending
+//	    messages; meanwhile Lookup hides the exchange from the releaser,
+//	    which would otherwise declare it again on a release's 404.
 //	basic.publish to a delayed exchange      -> x-delay parsed (parseDelay);
 //	    none, zero or negative: relayed at once, header as it was; otherwise
 //	    stored and confirmed with the client's own tag after fsync, once
@@ -41,8 +46,10 @@
 //     commit, so equal due times keep publish order (invariant 4). Its
 //     queue is bounded; reading from the client stops while it is full.
 //   - Due times are the publish time rounded up to the millisecond plus
-//     x-delay (DueAt), so no release is ever early as seen from the client
-//     (invariant 3).
+//     x-delay (DueAt), then up to a multiple of Config.ReleaseWindow when
+//     one is set (windowDue), so no release is ever early as seen from the
+//     client (invariant 3), and messages published within one window with
+//     the same delay are due together (invariant 4).
 //   - A publish to an exchange this connection is still declaring waits for
 //     the declare's outcome, so a no-wait declare followed at once by a
 //     publish is still delayed.

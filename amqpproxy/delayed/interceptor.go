@@ -22,9 +22,6 @@ type Store interface {
 	// PutExchange records a delayed exchange durably and sets
 	// def.Incarnation.
 	PutExchange(ctx context.Context, def *store.ExchangeDef) error
-	// DeleteExchange removes a delayed exchange from the registry and
-	// returns how many of its messages were pending (they become stale).
-	DeleteExchange(ctx context.Context, vhost, name string) (int64, error)
 	// Put stores msgs durably: it returns nil only once they are fsync'd.
 	// Each message carries the Incarnation of the registry record it was
 	// published under; a message whose exchange is gone or re-created
@@ -35,17 +32,20 @@ type Store interface {
 }
 
 // Scheduler is told about every message stored, so that one due inside the
-// loaded horizon enters the in-memory wheel; *scheduler.Scheduler has it.
+// loaded horizon enters the in-memory wheel, and removes deleted exchanges
+// from the store; *scheduler.Scheduler has it.
 type Scheduler interface {
 	Added(msgs ...*store.Message)
+	// DeleteExchange removes from the store a delayed exchange whose real
+	// exchange RabbitMQ has deleted, durably, and counts and logs its
+	// discarded messages: those still pending, never one released.
+	DeleteExchange(ctx context.Context, vhost, name string) error
 }
 
 // Metrics receives the layer's counts; *metrics.Metrics has them.
 type Metrics interface {
 	// Stored: n delayed publishes were stored and confirmed.
 	Stored(n int)
-	// Discarded: n pending messages went with their deleted exchange.
-	Discarded(n int)
 	// Refused: a delayed publish was refused, for reason.
 	Refused(reason metrics.RefuseReason)
 }
@@ -53,8 +53,6 @@ type Metrics interface {
 type noMetrics struct{}
 
 func (noMetrics) Stored(int) {}
-
-func (noMetrics) Discarded(int) {}
 
 func (noMetrics) Refused(metrics.RefuseReason) {}
 
@@ -64,6 +62,10 @@ type Config struct {
 	Scheduler Scheduler
 	// MaxDelay refuses larger x-delay values with 406; 0 means no limit.
 	MaxDelay time.Duration
+	// ReleaseWindow rounds due times up to a multiple of it, in whole
+	// milliseconds since the unix epoch (windowDue); 0 or 1 ms keeps them
+	// exact.
+	ReleaseWindow time.Duration
 	// Now is the wall clock due times are computed from; default time.Now.
 	Now func() time.Time
 	// QueueLen bounds each connection's publishes waiting to be stored;
@@ -80,6 +82,11 @@ type Interceptor struct {
 	ctx    context.Context // ended by Close: stops waiting for the store
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // every storer and registry goroutine
+
+	mu sync.Mutex // guards deleting
+	// deleting counts, per delayed exchange, the exchange.deletes under
+	// way: from the relay until the store has removed it (Lookup).
+	deleting map[exchangeID]int
 }
 
 // New returns an Interceptor over an open store.
@@ -97,7 +104,7 @@ func New(cfg Config) *Interceptor {
 		cfg.Metrics = noMetrics{}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Interceptor{cfg: cfg, ctx: ctx, cancel: cancel}
+	return &Interceptor{cfg: cfg, ctx: ctx, cancel: cancel, deleting: map[exchangeID]int{}}
 }
 
 // Wait blocks until every publish the interceptor took has been stored (and

@@ -104,7 +104,7 @@ func (h *connHooks) Publish(p *amqpproxy.Publish) {
 		Mandatory:   p.Publish.Mandatory,
 		Properties:  p.Properties(),
 		Body:        p.Body,
-		Due:         DueAt(h.i.cfg.Now(), ms),
+		Due:         windowDue(DueAt(h.i.cfg.Now(), ms), h.i.cfg.ReleaseWindow),
 		Delay:       ms,
 		Priority:    props.Priority,
 		MessageID:   props.MessageID,

@@ -24,11 +24,16 @@ import (
 )
 
 // nopScheduler is the Scheduler of a proxy that never releases: these
-// tests look at what was stored.
-type nopScheduler struct{}
+// tests look at what was stored. Nothing being in flight, it deletes
+// exchanges straight from the store.
+type nopScheduler struct{ st store.Store }
 
 func (nopScheduler) Added(...*store.Message) {}
 func (nopScheduler) Cancelled(...store.Key)  {}
+func (s nopScheduler) DeleteExchange(ctx context.Context, vhost, name string) error {
+	_, err := s.st.DeleteExchange(ctx, vhost, name)
+	return err
+}
 
 // relay is an amqpproxy.Server with the delayed-exchange interceptor over
 // a real store, in front of the test broker.
@@ -46,7 +51,7 @@ func startRelay(t *testing.T) *relay {
 	t.Helper()
 	st := teststore.Open(t, "", boltstore.Options{}) // checked after r.close
 	log := testlog.New()
-	icpt := delayed.New(delayed.Config{Store: st, Scheduler: nopScheduler{}, Logger: log})
+	icpt := delayed.New(delayed.Config{Store: st, Scheduler: nopScheduler{st}, Logger: log})
 	srv, err := amqpproxy.New(amqpproxy.Config{Upstream: testbroker.URL(t), Interceptor: icpt, Logger: log})
 	if err != nil {
 		t.Fatal(err)

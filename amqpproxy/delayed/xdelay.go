@@ -134,3 +134,18 @@ func DueAt(now time.Time, ms int64) int64 {
 	}
 	return at + ms
 }
+
+// windowDue rounds a due time (unix ms) up to a multiple of window, so that
+// messages published within one window with the same delay are due at the
+// same millisecond and go out by priority (invariant 4); rounding up keeps
+// them from going early (invariant 3). A window under 2 ms changes nothing.
+func windowDue(due int64, window time.Duration) int64 {
+	w := window.Milliseconds()
+	if w < 2 {
+		return due
+	}
+	if r := due % w; r != 0 {
+		due += w - r
+	}
+	return due
+}
