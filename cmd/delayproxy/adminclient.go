@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -52,8 +51,8 @@ func statusOf(err error) int {
 }
 
 // newAdminClient parses the server address: host:port, or an http(s) URL.
-// An unspecified host (":15673", "0.0.0.0:15673", as in
-// DELAYPROXY_HTTP_ADDR inside a container) means this machine.
+// An unspecified host (":15673", "0.0.0.0:15673") means this machine
+// (admin.DialAddr).
 func newAdminClient(server, token string) (*adminClient, error) {
 	raw := server
 	if !strings.Contains(raw, "://") {
@@ -63,14 +62,7 @@ func newAdminClient(server, token string) (*adminClient, error) {
 	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") || u.Port() == "" {
 		return nil, fmt.Errorf("--server %q: want host:port or http(s)://host:port", server)
 	}
-	switch ip := net.ParseIP(u.Hostname()); {
-	case u.Hostname() == "":
-		u.Host = net.JoinHostPort("127.0.0.1", u.Port())
-	case ip != nil && ip.IsUnspecified() && ip.To4() != nil:
-		u.Host = net.JoinHostPort("127.0.0.1", u.Port())
-	case ip != nil && ip.IsUnspecified():
-		u.Host = net.JoinHostPort("::1", u.Port())
-	}
+	u.Host = admin.DialAddr(u.Host)
 	u.RawQuery, u.Fragment = "", ""
 	base := strings.TrimSuffix(u.String(), "/")
 	return &adminClient{base: base, token: token, http: &http.Client{Timeout: requestTimeout}}, nil
