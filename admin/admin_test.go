@@ -112,22 +112,14 @@ func (f *fixture) getJSON(t *testing.T, method, path string, want int, v any) {
 	}
 }
 
-type listResp struct {
-	Messages  []messageJSON `json:"messages"`
-	NextAfter string        `json:"next_after"`
-}
-
 func TestListExchanges(t *testing.T) {
 	f := newFixture(t, "", nil)
-	var resp struct {
-		Exchanges []exchangeJSON `json:"exchanges"`
-		Pending   int64          `json:"pending"`
-	}
+	var resp ExchangeList
 	f.getJSON(t, "GET", "/api/exchanges", 200, &resp)
 	if resp.Pending != 6 {
 		t.Errorf("pending = %d, want 6", resp.Pending)
 	}
-	got := map[string]exchangeJSON{}
+	got := map[string]Exchange{}
 	for _, e := range resp.Exchanges {
 		got[e.VHost+"|"+e.Name] = e
 	}
@@ -148,7 +140,7 @@ func TestListExchanges(t *testing.T) {
 		t.Errorf("mail/x = %+v", e)
 	}
 
-	var one exchangeJSON
+	var one Exchange
 	f.getJSON(t, "GET", "/api/exchanges/%2F/orders", 200, &one)
 	if one.Pending != 5 || one.Name != "orders" || one.VHost != "/" {
 		t.Errorf("GET one = %+v", one)
@@ -161,13 +153,13 @@ func TestListExchanges(t *testing.T) {
 
 func TestListMessagesPages(t *testing.T) {
 	f := newFixture(t, "", nil)
-	var all []messageJSON
+	var all []Message
 	after := ""
 	for page := 0; ; page++ {
 		if page > 5 {
 			t.Fatal("paging does not end")
 		}
-		var r listResp
+		var r MessagePage
 		f.getJSON(t, "GET", "/api/exchanges/%2F/orders/messages?limit=2&after="+after, 200, &r)
 		all = append(all, r.Messages...)
 		if r.NextAfter == "" {
@@ -202,7 +194,7 @@ func TestListMessagesPages(t *testing.T) {
 		t.Errorf("message ids: %q %q", all[0].MessageID, all[4].MessageID)
 	}
 
-	var r listResp
+	var r MessagePage
 	f.getJSON(t, "GET", "/api/exchanges/%2F/orders/messages?body=true&limit=1", 200, &r)
 	if len(r.Messages) != 1 || string(r.Messages[0].Body) != "body-0" || r.Messages[0].Size == nil || *r.Messages[0].Size != 6 {
 		t.Errorf("with body: %+v", r.Messages)
@@ -211,7 +203,7 @@ func TestListMessagesPages(t *testing.T) {
 	if code != 200 || !strings.Contains(string(raw), `"body": "Ym9keS0w"`) { // base64("body-0")
 		t.Errorf("body is not base64 in %s", raw)
 	}
-	var empty listResp
+	var empty MessagePage
 	f.getJSON(t, "GET", "/api/exchanges/%2F/empty/messages", 200, &empty)
 	if len(empty.Messages) != 0 || empty.NextAfter != "" {
 		t.Errorf("empty exchange lists %+v", empty)
@@ -252,7 +244,7 @@ func TestBadRequests(t *testing.T) {
 			if code != tt.want {
 				t.Errorf("status %d %s, want %d", code, body, tt.want)
 			}
-			var e struct{ Error string }
+			var e ErrorResponse
 			if err := json.Unmarshal(body, &e); err != nil || e.Error == "" {
 				t.Errorf("not a JSON error: %q", body)
 			}
@@ -275,7 +267,7 @@ func TestBadRequests(t *testing.T) {
 
 func TestCancel(t *testing.T) {
 	f := newFixture(t, "", nil)
-	var r struct{ Cancelled int64 }
+	var r Cancelled
 
 	// By message-id: both "b" go, the second attempt finds none.
 	f.getJSON(t, "DELETE", "/api/exchanges/%2F/orders/messages/b", 200, &r)
@@ -290,7 +282,7 @@ func TestCancel(t *testing.T) {
 	}
 
 	// By key: a key of orders is not cancelled through mail/x's URL.
-	var l listResp
+	var l MessagePage
 	f.getJSON(t, "GET", "/api/exchanges/%2F/orders/messages", 200, &l)
 	if len(l.Messages) != 3 {
 		t.Fatalf("after cancel b: %+v", l.Messages)
@@ -306,7 +298,7 @@ func TestCancel(t *testing.T) {
 	if code, _ := f.do(t, "DELETE", "/api/exchanges/%2F/orders/messages/by-key/"+key, ""); code != 404 {
 		t.Errorf("cancel the same key again = %d, want 404", code)
 	}
-	l = listResp{} // decoding into old elements would keep absent fields
+	l = MessagePage{} // decoding into old elements would keep absent fields
 	f.getJSON(t, "GET", "/api/exchanges/%2F/orders/messages", 200, &l)
 	if len(l.Messages) != 2 || l.Messages[0].MessageID != "a" || l.Messages[1].MessageID != "" {
 		t.Errorf("left: %+v", l.Messages)
@@ -534,7 +526,7 @@ func TestPathEscaping(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := "/api/exchanges/" + url.PathEscape(def.VHost) + "/" + url.PathEscape(def.Name)
-	var e exchangeJSON
+	var e Exchange
 	f.getJSON(t, "GET", base, 200, &e)
 	if e.VHost != def.VHost || e.Name != def.Name || e.Pending != 1 {
 		t.Errorf("GET %s = %+v", base, e)
@@ -543,7 +535,7 @@ func TestPathEscaping(t *testing.T) {
 	if code, body := f.do(t, "GET", "/api/exchanges/a%252Fb/"+url.PathEscape(def.Name), ""); code != 404 {
 		t.Errorf("vhost %q found: %d %s", "a%2Fb", code, body)
 	}
-	var r struct{ Cancelled int }
+	var r Cancelled
 	f.getJSON(t, "DELETE", base+"/messages/"+url.PathEscape("id/with%slash"), 200, &r)
 	if r.Cancelled != 1 || f.st.Count(def.VHost, def.Name) != 0 {
 		t.Errorf("cancel by escaped id: %+v, count %d", r, f.st.Count(def.VHost, def.Name))

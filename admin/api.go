@@ -1,13 +1,15 @@
 package admin
 
 import (
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/delayproxy/delayproxy/store"
@@ -21,34 +23,6 @@ const (
 	maxBodyBudget = 16 << 20 // body bytes after which a page stops early
 )
 
-// exchangeJSON is one delayed exchange in API responses.
-type exchangeJSON struct {
-	VHost       string `json:"vhost"`
-	Name        string `json:"name"`
-	DelayedType string `json:"type,omitempty"` // x-delayed-type; "" for a deleted exchange still holding messages
-	Durable     bool   `json:"durable"`
-	AutoDelete  bool   `json:"auto_delete"`
-	Internal    bool   `json:"internal"`
-	Registered  bool   `json:"registered"` // false: deleted, its messages await discarding
-	Pending     int64  `json:"pending"`
-	NextDue     string `json:"next_due,omitempty"` // RFC 3339, UTC, milliseconds
-	NextDueMs   int64  `json:"next_due_ms,omitempty"`
-}
-
-// messageJSON is one pending message in API responses.
-type messageJSON struct {
-	Key        string `json:"key"` // hex; the cursor for ?after= and the id for by-key
-	Due        string `json:"due"` // RFC 3339, UTC, milliseconds
-	DueMs      int64  `json:"due_ms"`
-	DelayMs    int64  `json:"delay_ms"`
-	Priority   uint8  `json:"priority"`
-	RoutingKey string `json:"routing_key"`
-	MessageID  string `json:"message_id,omitempty"`
-	Mandatory  bool   `json:"mandatory"`
-	Size       *int   `json:"size,omitempty"` // body bytes; only with ?body=true (List without bodies does not know it)
-	Body       []byte `json:"body,omitempty"` // base64, only with ?body=true
-}
-
 // rfc3339Milli is RFC 3339 with milliseconds, as the store keeps them.
 const rfc3339Milli = "2006-01-02T15:04:05.000Z07:00"
 
@@ -56,46 +30,43 @@ func formatMs(ms int64) string { return time.UnixMilli(ms).UTC().Format(rfc3339M
 
 func (s *Server) listExchanges(w http.ResponseWriter, r *http.Request) {
 	type id struct{ vhost, name string }
-	byID := map[id]*exchangeJSON{}
+	byID := map[id]*Exchange{}
 	for _, def := range s.opts.Engine.Exchanges() {
 		e := exchangeFromDef(def)
 		byID[id{def.VHost, def.Name}] = &e
 	}
-	var total int64
+	var out ExchangeList
 	for _, c := range s.opts.Engine.Counts() {
 		e := byID[id{c.VHost, c.Exchange}]
 		if e == nil {
 			if c.Pending == 0 {
 				continue
 			}
-			e = &exchangeJSON{VHost: c.VHost, Name: c.Exchange}
+			e = &Exchange{VHost: c.VHost, Name: c.Exchange}
 			byID[id{c.VHost, c.Exchange}] = e
 		}
 		setCount(e, c)
-		total += c.Pending
+		out.Pending += c.Pending
 	}
-	list := make([]*exchangeJSON, 0, len(byID))
+	out.Exchanges = make([]Exchange, 0, len(byID)) // [] in JSON when there are none
 	for _, e := range byID {
-		list = append(list, e)
+		out.Exchanges = append(out.Exchanges, *e)
 	}
-	sort.Slice(list, func(i, j int) bool {
-		if list[i].VHost != list[j].VHost {
-			return list[i].VHost < list[j].VHost
-		}
-		return list[i].Name < list[j].Name
+	slices.SortFunc(out.Exchanges, func(a, b Exchange) int {
+		return cmp.Or(strings.Compare(a.VHost, b.VHost), strings.Compare(a.Name, b.Name))
 	})
-	writeJSON(w, http.StatusOK, map[string]any{"exchanges": list, "pending": total})
+	writeJSON(w, http.StatusOK, out)
 }
 
-func exchangeFromDef(def store.ExchangeDef) exchangeJSON {
-	return exchangeJSON{
+func exchangeFromDef(def store.ExchangeDef) Exchange {
+	return Exchange{
 		VHost: def.VHost, Name: def.Name, DelayedType: def.DelayedType,
 		Durable: def.Durable, AutoDelete: def.AutoDelete, Internal: def.Internal,
 		Registered: true,
 	}
 }
 
-func setCount(e *exchangeJSON, c store.ExchangeCount) {
+func setCount(e *Exchange, c store.ExchangeCount) {
 	e.Pending = c.Pending
 	if c.Pending > 0 && c.NextDue > 0 {
 		e.NextDue, e.NextDueMs = formatMs(c.NextDue), c.NextDue
@@ -169,11 +140,11 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	out := make([]messageJSON, 0, len(msgs))
+	page := MessagePage{Messages: make([]Message, 0, len(msgs))}
 	budget := maxBodyBudget
 	full := len(msgs) == limit
 	for i, m := range msgs {
-		mj := messageJSON{
+		mj := Message{
 			Key: hex.EncodeToString(m.Key[:]), Due: formatMs(m.Due), DueMs: m.Due,
 			DelayMs: m.Delay, Priority: m.Priority, RoutingKey: m.RoutingKey,
 			MessageID: m.MessageID, Mandatory: m.Mandatory,
@@ -186,17 +157,13 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 			budget -= len(m.Body)
 			size := len(m.Body)
 			mj.Size, mj.Body = &size, m.Body
-			if mj.Body == nil {
-				mj.Body = []byte{} // present, empty
-			}
 		}
-		out = append(out, mj)
+		page.Messages = append(page.Messages, mj)
 	}
-	resp := map[string]any{"messages": out}
-	if full && len(out) > 0 {
-		resp["next_after"] = out[len(out)-1].Key
+	if n := len(page.Messages); full && n > 0 {
+		page.NextAfter = page.Messages[n-1].Key
 	}
-	writeJSON(w, http.StatusOK, resp)
+	writeJSON(w, http.StatusOK, page)
 }
 
 func (s *Server) cancelExchange(w http.ResponseWriter, r *http.Request) {
@@ -210,7 +177,7 @@ func (s *Server) cancelExchange(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.cancelled(r, int(n), "vhost", def.VHost, "exchange", def.Name, "scope", "all")
-	writeJSON(w, http.StatusOK, map[string]any{"cancelled": n})
+	writeJSON(w, http.StatusOK, Cancelled{Cancelled: n})
 }
 
 func (s *Server) cancelID(w http.ResponseWriter, r *http.Request) {
@@ -230,7 +197,7 @@ func (s *Server) cancelID(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.cancelled(r, n, "vhost", def.VHost, "exchange", def.Name, "message_id", id)
-	writeJSON(w, http.StatusOK, map[string]any{"cancelled": n})
+	writeJSON(w, http.StatusOK, Cancelled{Cancelled: int64(n)})
 }
 
 func (s *Server) cancelKey(w http.ResponseWriter, r *http.Request) {
@@ -264,7 +231,7 @@ func (s *Server) cancelKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.cancelled(r, 1, "vhost", def.VHost, "exchange", def.Name, "key", hex.EncodeToString(key[:]))
-	writeJSON(w, http.StatusOK, map[string]any{"cancelled": 1})
+	writeJSON(w, http.StatusOK, Cancelled{Cancelled: 1})
 }
 
 // cancelled counts and logs (an audit line) a successful cancellation.
@@ -311,7 +278,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, format string, args ...any) {
-	writeJSON(w, status, map[string]string{"error": fmt.Sprintf(format, args...)})
+	writeJSON(w, status, ErrorResponse{Error: fmt.Sprintf(format, args...)})
 }
 
 func writeText(w http.ResponseWriter, status int, msg string) {

@@ -19,7 +19,8 @@
 //	GET    /api/status                                   totals, rates and release lateness of the last minutes, connections, the releaser's state
 //
 // Path segments are URL-escaped; the default vhost "/" is %2F, as in
-// RabbitMQ's management API.
+// RabbitMQ's management API. Each JSON answer is one of this package's
+// exported types (schema.go), which delayproxy's CLI decodes.
 //
 // Invariants:
 //   - Everything under /api/ needs "Authorization: Bearer <token>" when a

@@ -334,23 +334,35 @@ func IsLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// Probe GETs http://addr/path and returns nil on 200 OK. An unspecified host
-// (":15673", "0.0.0.0:15673", "[::]:15673") is probed on loopback. It backs
-// the `delayproxy healthcheck` command used by container health checks.
-func Probe(ctx context.Context, addr, path string) error {
+// DialAddr is the address at which this machine reaches a server listening
+// on addr (host:port): loopback when the host is empty or unspecified
+// (":15673", "0.0.0.0:15673", "[::]:15673": everywhere, as in
+// DELAYPROXY_HTTP_ADDR inside a container), else addr itself, as it is
+// when it has no port.
+func DialAddr(addr string) string {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("probe: %q: %w", addr, err)
+		return addr
 	}
 	switch ip := net.ParseIP(host); {
 	case host == "":
-		host = "127.0.0.1"
+		return net.JoinHostPort("127.0.0.1", port)
 	case ip != nil && ip.IsUnspecified() && ip.To4() != nil:
-		host = "127.0.0.1"
+		return net.JoinHostPort("127.0.0.1", port)
 	case ip != nil && ip.IsUnspecified():
-		host = "::1"
+		return net.JoinHostPort("::1", port)
 	}
-	u := "http://" + net.JoinHostPort(host, port) + path
+	return addr
+}
+
+// Probe GETs http://addr/path and returns nil on 200 OK. An unspecified host
+// is probed on loopback (DialAddr). It backs the `delayproxy healthcheck`
+// command used by container health checks.
+func Probe(ctx context.Context, addr, path string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("probe: %q: %w", addr, err)
+	}
+	u := "http://" + DialAddr(addr) + path
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)

@@ -30,7 +30,7 @@ func TestStatus(t *testing.T) {
 	srv := f.srv
 	now := time.UnixMilli(1_700_000_000_000).UTC()
 	srv.now = func() time.Time { return now }
-	var st statusJSON
+	var st Status
 
 	// One sample: no window, no series yet.
 	srv.record()
@@ -66,11 +66,11 @@ func TestStatus(t *testing.T) {
 	if st.Now != "2023-11-14T22:13:31.000Z" || st.NowMs != now.UnixMilli() {
 		t.Errorf("now = %s %d", st.Now, st.NowMs)
 	}
-	want := totalsJSON{Stored: 30, Released: 10, Refused: 1, Discarded: 2}
+	want := Totals{Stored: 30, Released: 10, Refused: 1, Discarded: 2}
 	if st.Totals != want {
 		t.Errorf("totals = %+v, want %+v", st.Totals, want)
 	}
-	if st.Connections != (connectionJSON{Clients: 2, Channels: 3}) {
+	if st.Connections != (Connections{Clients: 2, Channels: 3}) {
 		t.Errorf("connections = %+v", st.Connections)
 	}
 	rel := st.Releaser
@@ -84,8 +84,8 @@ func TestStatus(t *testing.T) {
 		t.Errorf("nodes = %+v, want this node releasing all", rel.Nodes)
 	}
 
-	p50 := func(r rateJSON) float64 { return *r.LatenessP50 }
-	p99 := func(r rateJSON) float64 { return *r.LatenessP99 }
+	p50 := func(r Rates) float64 { return *r.LatenessP50 }
+	p99 := func(r Rates) float64 { return *r.LatenessP99 }
 	tests := []struct {
 		name      string
 		got, want float64

@@ -18,25 +18,6 @@ var upcomingRanges = []struct {
 	{"next_week", 7 * 24 * time.Hour},
 }
 
-// upcomingJSON is the answer of GET /api/upcoming.
-type upcomingJSON struct {
-	Now    string      `json:"now"` // RFC 3339, UTC, milliseconds
-	NowMs  int64       `json:"now_ms"`
-	Ranges []rangeJSON `json:"ranges"` // overdue, next_minute, next_hour, next_day, next_week, later
-	Total  int64       `json:"total"`  // the sum of the counts
-}
-
-// rangeJSON is one range of due times, [from, until); overdue has no
-// from, later no until.
-type rangeJSON struct {
-	Name    string `json:"name"`
-	From    string `json:"from,omitempty"`
-	FromMs  int64  `json:"from_ms,omitempty"`
-	Until   string `json:"until,omitempty"`
-	UntilMs int64  `json:"until_ms,omitempty"`
-	Count   int64  `json:"count"`
-}
-
 // upcoming answers GET /api/upcoming: the stored messages of every vhost by
 // due time, in ranges that start at the current whole minute (so that a
 // store counting by minute counts exactly): overdue is due before it,
@@ -55,9 +36,9 @@ func (s *Server) upcoming(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "upcoming: %d counts for %d ranges", len(counts), len(bounds)+1)
 		return
 	}
-	out := upcomingJSON{Now: formatMs(now.UnixMilli()), NowMs: now.UnixMilli()}
+	out := Upcoming{Now: formatMs(now.UnixMilli()), NowMs: now.UnixMilli()}
 	for i, n := range counts {
-		rg := rangeJSON{Count: n}
+		rg := UpcomingRange{Count: n}
 		switch i {
 		case 0:
 			rg.Name = "overdue"

@@ -52,13 +52,13 @@ func TestUpcoming(t *testing.T) {
 		t.Errorf("POST: %d %s, want 405", code, body)
 	}
 	code, body := f.do(t, "GET", "/api/upcoming", testToken)
-	var got upcomingJSON
+	var got Upcoming
 	if err := json.Unmarshal(body, &got); code != 200 || err != nil {
 		t.Fatalf("GET /api/upcoming = %d %s (%v)", code, body, err)
 	}
 
 	ms := func(d time.Duration) int64 { return minute.Add(d).UnixMilli() }
-	want := []rangeJSON{
+	want := []UpcomingRange{
 		{Name: "overdue", UntilMs: ms(0), Count: 1},
 		{Name: "next_minute", FromMs: ms(0), UntilMs: ms(time.Minute), Count: 3}, // two, and the stale one
 		{Name: "next_hour", FromMs: ms(time.Minute), UntilMs: ms(time.Hour), Count: 1},

@@ -6,17 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/delayproxy/delayproxy/admin"
 )
 
-// adminClient talks to a running proxy's admin API (package admin). The
-// types below decode its JSON answers; field names and tags are the API's,
-// so that --json prints what the API says.
+// adminClient talks to a running proxy's admin API (package admin). It
+// decodes the answers into admin's own types (admin/schema.go), so that
+// --json prints what the API says.
 type adminClient struct {
 	base  string // scheme, host and any path prefix, e.g. http://127.0.0.1:15673
 	token string // "" sends no Authorization header
@@ -49,72 +50,9 @@ func statusOf(err error) int {
 	return 0
 }
 
-// apiExchange is one delayed exchange (admin's exchangeJSON).
-type apiExchange struct {
-	VHost       string `json:"vhost"`
-	Name        string `json:"name"`
-	DelayedType string `json:"type,omitempty"`
-	Durable     bool   `json:"durable"`
-	AutoDelete  bool   `json:"auto_delete"`
-	Internal    bool   `json:"internal"`
-	Registered  bool   `json:"registered"`
-	Pending     int64  `json:"pending"`
-	NextDue     string `json:"next_due,omitempty"`
-	NextDueMs   int64  `json:"next_due_ms,omitempty"`
-}
-
-// apiExchanges is the answer of GET /api/exchanges.
-type apiExchanges struct {
-	Exchanges []apiExchange `json:"exchanges"`
-	Pending   int64         `json:"pending"`
-}
-
-// apiMessage is one pending message (admin's messageJSON).
-type apiMessage struct {
-	Key        string `json:"key"`
-	Due        string `json:"due"`
-	DueMs      int64  `json:"due_ms"`
-	DelayMs    int64  `json:"delay_ms"`
-	Priority   uint8  `json:"priority"`
-	RoutingKey string `json:"routing_key"`
-	MessageID  string `json:"message_id,omitempty"`
-	Mandatory  bool   `json:"mandatory"`
-	Size       *int   `json:"size,omitempty"`
-	Body       []byte `json:"body,omitempty"`
-}
-
-// apiMessages is one page of GET .../messages.
-type apiMessages struct {
-	Messages  []apiMessage `json:"messages"`
-	NextAfter string       `json:"next_after,omitempty"`
-}
-
-// apiCancelled is the answer of a DELETE.
-type apiCancelled struct {
-	Cancelled int64 `json:"cancelled"`
-}
-
-// apiUpcoming is the answer of GET /api/upcoming (admin's upcomingJSON).
-type apiUpcoming struct {
-	Now    string     `json:"now"`
-	NowMs  int64      `json:"now_ms"`
-	Ranges []apiRange `json:"ranges"`
-	Total  int64      `json:"total"`
-}
-
-// apiRange is one range of due times of apiUpcoming.
-type apiRange struct {
-	Name    string `json:"name"`
-	From    string `json:"from,omitempty"`
-	FromMs  int64  `json:"from_ms,omitempty"`
-	Until   string `json:"until,omitempty"`
-	UntilMs int64  `json:"until_ms,omitempty"`
-	Count   int64  `json:"count"`
-}
-
 // newAdminClient parses the server address: host:port, or an http(s) URL.
-// An unspecified host (":15673", "0.0.0.0:15673", as in
-// DELAYPROXY_HTTP_ADDR inside a container) means this machine.
+// An unspecified host (":15673", "0.0.0.0:15673") means this machine
+// (admin.DialAddr).
 func newAdminClient(server, token string) (*adminClient, error) {
 	raw := server
 	if !strings.Contains(raw, "://") {
@@ -124,14 +62,7 @@ func newAdminClient(server, token string) (*adminClient, error) {
 	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") || u.Port() == "" {
 		return nil, fmt.Errorf("--server %q: want host:port or http(s)://host:port", server)
 	}
-	switch ip := net.ParseIP(u.Hostname()); {
-	case u.Hostname() == "":
-		u.Host = net.JoinHostPort("127.0.0.1", u.Port())
-	case ip != nil && ip.IsUnspecified() && ip.To4() != nil:
-		u.Host = net.JoinHostPort("127.0.0.1", u.Port())
-	case ip != nil && ip.IsUnspecified():
-		u.Host = net.JoinHostPort("::1", u.Port())
-	}
+	u.Host = admin.DialAddr(u.Host)
 	u.RawQuery, u.Fragment = "", ""
 	base := strings.TrimSuffix(u.String(), "/")
 	return &adminClient{base: base, token: token, http: &http.Client{Timeout: requestTimeout}}, nil
@@ -167,9 +98,7 @@ func (c *adminClient) do(ctx context.Context, method, path string, query url.Val
 		return fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error string `json:"error"`
-		}
+		var e admin.ErrorResponse
 		msg := strings.TrimSpace(string(body))
 		if json.Unmarshal(body, &e) == nil && e.Error != "" {
 			msg = e.Error
@@ -195,21 +124,21 @@ func unwrapURLError(err error) error {
 	return err
 }
 
-func (c *adminClient) exchanges(ctx context.Context) (apiExchanges, error) {
-	var out apiExchanges
+func (c *adminClient) exchanges(ctx context.Context) (admin.ExchangeList, error) {
+	var out admin.ExchangeList
 	err := c.do(ctx, http.MethodGet, "/api/exchanges", nil, &out)
 	return out, err
 }
 
-func (c *adminClient) exchange(ctx context.Context, vhost, name string) (apiExchange, error) {
-	var out apiExchange
+func (c *adminClient) exchange(ctx context.Context, vhost, name string) (admin.Exchange, error) {
+	var out admin.Exchange
 	err := c.do(ctx, http.MethodGet, exchangePath(vhost, name), nil, &out)
 	return out, err
 }
 
 // messages reads one page of pending messages after the key after ("" from
 // the start).
-func (c *adminClient) messages(ctx context.Context, vhost, name, after string, limit int, withBody bool) (apiMessages, error) {
+func (c *adminClient) messages(ctx context.Context, vhost, name, after string, limit int, withBody bool) (admin.MessagePage, error) {
 	q := url.Values{"limit": {strconv.Itoa(limit)}}
 	if after != "" {
 		q.Set("after", after)
@@ -217,31 +146,31 @@ func (c *adminClient) messages(ctx context.Context, vhost, name, after string, l
 	if withBody {
 		q.Set("body", "true")
 	}
-	var out apiMessages
+	var out admin.MessagePage
 	err := c.do(ctx, http.MethodGet, exchangePath(vhost, name)+"/messages", q, &out)
 	return out, err
 }
 
 func (c *adminClient) cancelID(ctx context.Context, vhost, name, id string) (int64, error) {
-	var out apiCancelled
+	var out admin.Cancelled
 	err := c.do(ctx, http.MethodDelete, exchangePath(vhost, name)+"/messages/"+url.PathEscape(id), nil, &out)
 	return out.Cancelled, err
 }
 
 func (c *adminClient) cancelKey(ctx context.Context, vhost, name, key string) (int64, error) {
-	var out apiCancelled
+	var out admin.Cancelled
 	err := c.do(ctx, http.MethodDelete, exchangePath(vhost, name)+"/messages/by-key/"+url.PathEscape(key), nil, &out)
 	return out.Cancelled, err
 }
 
 func (c *adminClient) cancelAll(ctx context.Context, vhost, name string) (int64, error) {
-	var out apiCancelled
+	var out admin.Cancelled
 	err := c.do(ctx, http.MethodDelete, exchangePath(vhost, name)+"/messages", nil, &out)
 	return out.Cancelled, err
 }
 
-func (c *adminClient) upcoming(ctx context.Context) (apiUpcoming, error) {
-	var out apiUpcoming
+func (c *adminClient) upcoming(ctx context.Context) (admin.Upcoming, error) {
+	var out admin.Upcoming
 	err := c.do(ctx, http.MethodGet, "/api/upcoming", nil, &out)
 	return out, err
 }

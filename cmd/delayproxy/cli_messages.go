@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/delayproxy/delayproxy/admin"
 )
 
 // Paging of `messages list`: the admin API's largest pages.
@@ -43,7 +45,7 @@ when more messages follow.`,
 
 func listMessages(ctx context.Context, r *cliRun, after string, limit int, withBody bool) error {
 	name := r.args[0]
-	var out apiMessages
+	var out admin.MessagePage
 	for {
 		page := listPage
 		if withBody {
@@ -64,7 +66,7 @@ func listMessages(ctx context.Context, r *cliRun, after string, limit int, withB
 		after = p.NextAfter
 	}
 	if out.Messages == nil {
-		out.Messages = []apiMessage{} // [] in JSON, as the API
+		out.Messages = []admin.Message{} // [] in JSON, as the API
 	}
 	if r.json {
 		return r.printJSON(out)
@@ -199,7 +201,7 @@ func cancelMessages(ctx context.Context, r *cliRun, id, key string, all, yes boo
 		return err
 	}
 	if r.json {
-		return r.printJSON(apiCancelled{Cancelled: n})
+		return r.printJSON(admin.Cancelled{Cancelled: n})
 	}
 	fmt.Fprintf(r.stdout, "cancelled %d pending message%s of %s\n", n, plural(n), what)
 	return nil

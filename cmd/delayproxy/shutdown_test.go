@@ -18,6 +18,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/delayproxy/delayproxy/admin"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testwait"
@@ -249,13 +250,11 @@ func pendingTotal(t *testing.T, httpAddr string) int64 {
 		t.Fatalf("GET /api/exchanges: %v", err)
 	}
 	defer resp.Body.Close()
-	var r struct {
-		Pending *int64 `json:"pending"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != http.StatusOK || r.Pending == nil {
+	var list admin.ExchangeList
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil || resp.StatusCode != http.StatusOK || list.Exchanges == nil {
 		t.Fatalf("GET /api/exchanges: %s: %v", resp.Status, err)
 	}
-	return *r.Pending
+	return list.Pending
 }
 
 // stallConn is a client socket that can stop delivering what it reads:

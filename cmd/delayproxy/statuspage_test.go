@@ -16,6 +16,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy/admin"
 )
 
 // The status page is tested in Debian's chromium, headless, driven over the
@@ -176,31 +178,8 @@ func (tb *tab) read(t *testing.T) shownPage {
 	return p
 }
 
-// /api/status, as far as the page shows it (/api/exchanges and
-// /api/upcoming are the CLI's apiExchanges and apiUpcoming).
-type (
-	apiRates struct {
-		UntilMs           int64    `json:"until_ms"`
-		StoredPerSecond   float64  `json:"stored_per_second"`
-		ReleasedPerSecond float64  `json:"released_per_second"`
-		RefusedPerSecond  float64  `json:"refused_per_second"`
-		P50               *float64 `json:"lateness_p50_seconds"`
-		P99               *float64 `json:"lateness_p99_seconds"`
-	}
-	apiStatus struct {
-		Version     string
-		Totals      struct{ Stored, Released int64 }
-		Connections struct{ Clients, Channels int64 }
-		Releaser    struct {
-			Overdue    int64
-			Reconnects int64
-			VHosts     []string
-		}
-		Window *apiRates
-	}
-)
-
-// apiGet GETs path from p's admin API into a new T.
+// apiGet GETs path from p's admin API into a new T, one of admin's answer
+// types.
 func apiGet[T any](t *testing.T, p *cliProxy, path string) T {
 	t.Helper()
 	var v T
@@ -283,22 +262,22 @@ func TestStatusPageInABrowser(t *testing.T) {
 		time.Sleep(d) // more history, for the README's screenshot
 	}
 	traffic.stop()
-	var ex apiExchanges
+	var ex admin.ExchangeList
 	waitFor(t, 30*time.Second, "the traffic released", func() bool {
-		ex = apiGet[apiExchanges](t, p, "/api/exchanges")
+		ex = apiGet[admin.ExchangeList](t, p, "/api/exchanges")
 		return ex.Pending == 5
 	})
 
 	// The page shows what the API says once it has refreshed after that,
 	// from the same sample of the history.
 	var shown shownPage
-	var st apiStatus
-	var up apiUpcoming
+	var st admin.Status
+	var up admin.Upcoming
 	waitFor(t, 30*time.Second, "the page and the API at the same sample", func() bool {
 		shown = tb.read(t)
-		st = apiGet[apiStatus](t, p, "/api/status")
-		ex = apiGet[apiExchanges](t, p, "/api/exchanges")
-		up = apiGet[apiUpcoming](t, p, "/api/upcoming")
+		st = apiGet[admin.Status](t, p, "/api/status")
+		ex = apiGet[admin.ExchangeList](t, p, "/api/exchanges")
+		up = apiGet[admin.Upcoming](t, p, "/api/upcoming")
 		// The backlog is measured about once a second: the last of the
 		// traffic may still count as overdue (in flight) for a moment.
 		return shown.Pending == "5" && shown.Overdue == "0" && st.Releaser.Overdue == 0 &&
@@ -344,11 +323,11 @@ func TestStatusPageInABrowser(t *testing.T) {
 	if st.Window.StoredPerSecond == 0 || st.Window.ReleasedPerSecond == 0 || st.Window.RefusedPerSecond == 0 {
 		t.Errorf("the traffic did not show in the window: %+v", st.Window)
 	}
-	if st.Window.P50 == nil || st.Window.P99 == nil {
+	if st.Window.LatenessP50 == nil || st.Window.LatenessP99 == nil {
 		t.Errorf("no lateness in the window %+v, though messages were released", st.Window)
 	} else {
-		wantShownNumber(t, "lateness p50", shown.P50, *st.Window.P50)
-		wantShownNumber(t, "lateness p99", shown.P99, *st.Window.P99)
+		wantShownNumber(t, "lateness p50", shown.P50, *st.Window.LatenessP50)
+		wantShownNumber(t, "lateness p99", shown.P99, *st.Window.LatenessP99)
 	}
 	if got := shownCount(t, "stored total", strings.Fields(shown.StoredTotal)[0]); got != st.Totals.Stored {
 		t.Errorf("stored: the page shows %d, the API says %d", got, st.Totals.Stored)
