@@ -483,24 +483,26 @@ func goQos(ch *amqp.Channel) (any, error) {
 		return nil, err
 	}
 	var got []amqp.Delivery
-	collect := func() {
-		for quiet := time.After(300 * time.Millisecond); ; {
+	// collect takes deliveries until there are n or d has passed.
+	collect := func(n int, d time.Duration) {
+		for timeout := time.After(d); len(got) < n; {
 			select {
 			case d := <-deliveries:
 				got = append(got, d)
-			case <-quiet:
+			case <-timeout:
 				return
 			}
 		}
 	}
-	collect()
+	collect(1, 5*time.Second)
+	collect(2, 300*time.Millisecond) // a second one must not come before the ack
 	before := len(got)
 	if before > 0 {
 		if err := got[0].Ack(false); err != nil {
 			return nil, err
 		}
 	}
-	collect()
+	collect(2, 5*time.Second)
 	for _, d := range got[1:] {
 		d.Ack(false)
 	}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -150,7 +149,7 @@ var clientSlots = make(chan struct{}, 4)
 // runClientProgram runs argv (in e2e/testdata/clients) with the targets'
 // environment and reads its lines; it fails the test if the program cannot
 // start or exits with an error.
-func runClientProgram(t *testing.T, ct *clientTargets, prefix string, argv []string, extraEnv ...string) clientOutput {
+func runClientProgram(t *testing.T, ct *clientTargets, prefix string, argv []string) clientOutput {
 	t.Helper()
 	if _, err := exec.LookPath(argv[0]); err != nil {
 		t.Fatalf("client program %s is not installed (`bash .ci/clients` installs the clients): %v", argv[0], err)
@@ -165,7 +164,8 @@ func runClientProgram(t *testing.T, ct *clientTargets, prefix string, argv []str
 	defer cancel()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), ct.env(prefix)...), extraEnv...)
+	// No __pycache__ in the source tree.
+	cmd.Env = append(append(os.Environ(), ct.env(prefix)...), "PYTHONDONTWRITEBYTECODE=1")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
@@ -247,14 +247,4 @@ var clientFixedNames = []struct {
 	{"cx", false},  // Celery's exchange
 	{"tq", true},   // amqp-tools' queue
 	{"tdx", false}, // amqp-tools' delayed exchange
-}
-
-// hostPort splits a target's address.
-func clientHostPort(t *testing.T, addr string) (string, string) {
-	t.Helper()
-	h, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h, p
 }

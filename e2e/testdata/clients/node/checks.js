@@ -222,10 +222,16 @@ async function qos(ch) {
   ch.sendToQueue(q, Buffer.from('b'));
   const got = [];
   await ch.consume(q, (m) => got.push(m), { noAck: false });
-  await sleep(300);
+  // waitFor waits until n deliveries came or ms passed.
+  const waitFor = async (n, ms) => {
+    const deadline = nowMs() + ms;
+    while (got.length < n && nowMs() < deadline) await sleep(10);
+  };
+  await waitFor(1, 5000);
+  await waitFor(2, 300); // a second one must not come before the ack
   const before = got.length;
   ch.ack(got[0]);
-  await sleep(300);
+  await waitFor(2, 5000);
   const after = got.length;
   for (const m of got.slice(1)) ch.ack(m);
   return { before_ack: before, after_ack: after };

@@ -284,10 +284,17 @@ function qos($ch)
     $ch->basic_publish(msg('b'), '', $q);
     $got = [];
     $ch->basic_consume($q, '', false, false, false, false, function (AMQPMessage $m) use (&$got) { $got[] = $m; });
-    drain($ch, 0.3);
+    $pump = function ($n, $seconds) use ($ch, &$got) {
+        $deadline = microtime(true) + $seconds;
+        while (count($got) < $n && microtime(true) < $deadline) {
+            drain($ch, 0.05);
+        }
+    };
+    $pump(1, 5);
+    $pump(2, 0.3); // a second one must not come before the ack
     $before = count($got);
     $got[0]->ack();
-    drain($ch, 0.3);
+    $pump(2, 5);
     $after = count($got);
     foreach (array_slice($got, 1) as $m) {
         $m->ack();

@@ -163,6 +163,13 @@ def drain(c, seconds):
             return
 
 
+def pump(c, done, seconds):
+    """Dispatches what arrives until done() or seconds passed."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        drain(c, 0.05)
+
+
 def consume_ack(c, ch):
     q = new_queue(ch)
     producer = Producer(ch)
@@ -204,10 +211,11 @@ def qos(c, ch):
     got = []
     with Consumer(ch, queues=[q], callbacks=[lambda body, m: got.append(m)], accept=None,
                   prefetch_count=1):
-        drain(c, 0.3)
+        pump(c, lambda: len(got) >= 1, 5)
+        pump(c, lambda: len(got) >= 2, 0.3)  # a second one must not come before the ack
         before = len(got)
         got[0].ack()
-        drain(c, 0.3)
+        pump(c, lambda: len(got) >= 2, 5)
         after = len(got)
         for m in got[1:]:
             m.ack()

@@ -176,10 +176,17 @@ def qos(c, ch):
     ch.basic_publish("", q, b"b")
     tags = []
     ch.basic_consume(q, lambda _ch, m, _p, _b: tags.append(m.delivery_tag))
-    c.process_data_events(time_limit=0.3)
+
+    def pump(n, seconds):
+        """Dispatches until n deliveries came or seconds passed."""
+        deadline = time.monotonic() + seconds
+        while len(tags) < n and time.monotonic() < deadline:
+            c.process_data_events(time_limit=0.05)
+    pump(1, 5)
+    pump(2, 0.3)  # a second one must not come before the ack
     before = len(tags)
     ch.basic_ack(tags[0])
-    c.process_data_events(time_limit=0.3)
+    pump(2, 5)
     after = len(tags)
     for tag in tags[1:]:
         ch.basic_ack(tag)

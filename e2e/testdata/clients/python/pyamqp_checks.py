@@ -149,6 +149,13 @@ def drain(c, seconds):
             return
 
 
+def pump(c, done, seconds):
+    """Dispatches what arrives until done() or seconds passed."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        drain(c, 0.05)
+
+
 def consume_ack(c, ch):
     q = new_queue(ch)
     for b in (b"m1", b"m2", b"m3"):
@@ -189,10 +196,11 @@ def qos(c, ch):
     ch.basic_publish(msg(b"b"), "", q)
     tags = []
     ch.basic_consume(q, callback=lambda m: tags.append(m.delivery_tag))
-    drain(c, 0.3)
+    pump(c, lambda: len(tags) >= 1, 5)
+    pump(c, lambda: len(tags) >= 2, 0.3)  # a second one must not come before the ack
     before = len(tags)
     ch.basic_ack(tags[0])
-    drain(c, 0.3)
+    pump(c, lambda: len(tags) >= 2, 5)
     after = len(tags)
     for tag in tags[1:]:
         ch.basic_ack(tag)

@@ -224,15 +224,21 @@ def qos(ch)
   ch.prefetch(1)
   ch.default_exchange.publish("a", routing_key: q.name)
   ch.default_exchange.publish("b", routing_key: q.name)
-  tags = Queue.new
-  q.subscribe(manual_ack: true) { |di, _, _| tags << di.delivery_tag }
-  sleep 0.3
-  before = tags.size
-  first = tags.pop
-  ch.ack(first)
-  sleep 0.3
-  after = before + tags.size
-  ch.ack(tags.pop) until tags.empty?
+  got = []
+  lock = Mutex.new
+  q.subscribe(manual_ack: true) { |di, _, _| lock.synchronize { got << di.delivery_tag } }
+  # wait_for waits until n deliveries came or seconds passed.
+  wait_for = lambda do |n, seconds|
+    deadline = now_ms + seconds * 1000
+    sleep 0.01 while lock.synchronize { got.size } < n && now_ms < deadline
+  end
+  wait_for.call(1, 5)
+  wait_for.call(2, 0.3) # a second one must not come before the ack
+  before = lock.synchronize { got.size }
+  ch.ack(got[0])
+  wait_for.call(2, 5)
+  after = lock.synchronize { got.size }
+  got[1..].each { |tag| ch.ack(tag) }
   { before_ack: before, after_ack: after }
 end
 
