@@ -85,6 +85,8 @@ var (
 
 // clientChecks are all the checks, by name.
 var clientChecks = map[string]clientCheck{
+	// Fails until issue 13 defects 3 (server properties) and 4
+	// (channel_max) are fixed on other branches: the assertion stays.
 	"server": {clientDirectAndProxy, judgeServer},
 	"declare": {clientProxyOnly, func(cr *clientCheckRun) []clientProblem {
 		return judgeWant(cr, targetProxy, map[string]any{"direct": "ok", "topic": "ok"})
@@ -109,7 +111,8 @@ var clientChecks = map[string]clientCheck{
 	"quorum": {clientDirectAndProxy, judgeLikeDirect(nil)},
 	"mandatory": {clientDirectAndProxy, judgeLikeDirect(map[string]any{
 		"reply_code": 312, "reply_text": "NO_ROUTE", "exchange": "", "routing_key": "P.nowhere"})},
-	"tx":           {clientDirectAndProxy, judgeLikeDirect(map[string]any{"after_rollback": 0, "after_commit": 1})},
+	"tx": {clientDirectAndProxy, judgeLikeDirect(map[string]any{"after_rollback": 0, "after_commit": 1})},
+	// Fails (amqp091-go, amqplib) until issue 13 defect 1 (close) is fixed.
 	"close_reopen": {clientDirectAndProxy, judgeClose},
 
 	"error_406_queue": {clientDirectAndProxy, judgeLikeDirect(map[string]any{"code": 406})},
@@ -120,7 +123,9 @@ var clientChecks = map[string]clientCheck{
 	"error_403": {clientDirectAndProxy, judgeLikeDirect(map[string]any{"code": 403})},
 	"error_530": {clientDirectAndProxy, judgeLikeDirect(map[string]any{"code": 530,
 		"text": "NOT_ALLOWED - vhost no-such-vhost not found"})},
-	"error_406_delay":        {clientProxyOnly, judgeDelayRefused},
+	"error_406_delay": {clientProxyOnly, judgeDelayRefused},
+	// Fails until issue 13 defect 6 (x-delayed-type redeclare wording) is
+	// fixed.
 	"error_406_delayed_type": {clientProxyOnly, judgeDelayedTypeRedeclare},
 
 	// Celery (celery_checks.py): a task through the proxy as straight to
@@ -131,7 +136,9 @@ var clientChecks = map[string]clientCheck{
 	// amqp-tools, the rabbitmq-c command-line programs (clients_tools_test).
 	"tools_roundtrip": {clientDirectAndProxy, judgeLikeDirect(map[string]any{
 		"declared": "P.tq", "got": "tools body", "consumed": "tools body", "exit": 0})},
-	"tools_404":     {clientDirectAndProxy, judgeLikeDirect(nil)},
+	"tools_404": {clientDirectAndProxy, judgeLikeDirect(nil)},
+	// Fails until issue 13 defect 2 (a refusal lost after publish and
+	// channel.close) is fixed.
 	"tools_refused": {clientProxyOnly, judgeToolsRefused},
 }
 

@@ -45,18 +45,13 @@ type clientSpec struct {
 // python3 comes first on PATH.
 const clientPython = "/usr/bin/python3"
 
-// program runs a client program with argv (relative paths in
+// clientCommand runs a client program with argv (relative paths in
 // testdata/clients).
-func clientProgram(argv func(b *clientBuilds) []string) func(*testing.T, *clientTargets, string, *clientBuilds) clientOutput {
-	return func(t *testing.T, ct *clientTargets, prefix string, b *clientBuilds) clientOutput {
-		t.Helper()
-		return runClientProgram(t, ct, prefix, argv(b))
-	}
-}
-
-// fixed is program with a fixed command line.
 func clientCommand(argv ...string) func(*testing.T, *clientTargets, string, *clientBuilds) clientOutput {
-	return clientProgram(func(*clientBuilds) []string { return argv })
+	return func(t *testing.T, ct *clientTargets, prefix string, _ *clientBuilds) clientOutput {
+		t.Helper()
+		return runClientProgram(t, ct, prefix, argv)
+	}
 }
 
 // suiteClients are the ten clients.
