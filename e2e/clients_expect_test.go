@@ -33,6 +33,7 @@ const (
 	clientDelayTopic  = 300
 	clientDelayInt32  = 450
 	clientDelayTx     = 300
+	clientCountdown   = 300 // Celery's, in celery_checks.py
 	// clientLateBy is how late a delayed message may arrive on a machine
 	// whose cores other tests share.
 	clientLateBy = 15_000
@@ -412,13 +413,16 @@ func judgeCountdown(cr *clientCheckRun) []clientProblem {
 			out = append(out, *p)
 			continue
 		}
-		delay, _ := clientNumber(r, "countdown_ms")
-		out = append(out, judgeArrival(target, r, int64(delay))...)
+		if delay, _ := clientNumber(r, "countdown_ms"); delay != clientCountdown {
+			out = append(out, clientProblem{msg: fmt.Sprintf("%s: countdown %v ms, want %d", target, r["countdown_ms"], clientCountdown)})
+		}
+		delay := int64(clientCountdown)
+		out = append(out, judgeArrival(target, r, delay)...)
 		if r["result"] != float64(5) {
 			out = append(out, clientProblem{msg: fmt.Sprintf("%s: task result %v, want 5", target, r["result"])})
 		}
 		if r["arrived"] == true {
-			out = append(out, judgeReleasedDelay(cr, target, r, "x_delay", "x_delay_type", int64(delay))...)
+			out = append(out, judgeReleasedDelay(cr, target, r, "x_delay", "x_delay_type", delay)...)
 		}
 	}
 	return out

@@ -427,6 +427,7 @@ func (g *goClient) closeWithConfirmsInFlight(target string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	defer c.Close() // on the paths that return before its own close
 	closed := c.NotifyClose(make(chan *amqp.Error, 1))
 	ch, err := c.Channel()
 	if err != nil {

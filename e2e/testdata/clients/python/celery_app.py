@@ -40,7 +40,6 @@ def make_app(target):
         task_default_exchange=exchange.name,
         task_default_routing_key=queue,
         broker_transport_options={"confirm_publish": True},
-        broker_connection_retry_on_startup=False,
         worker_hijack_root_logger=False,
     )
 
