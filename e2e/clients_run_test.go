@@ -23,10 +23,6 @@ import (
 // The client suite's machinery: the brokers it runs on, the targets a
 // client program is given, running a program and reading its lines.
 
-// clientDefaultURL43 is used when AMQP_URL_43 is not set: the RabbitMQ 4.3 that
-// .ci/rabbitmq43 starts beside the machine's 3.10.
-const clientDefaultURL43 = "amqp://guest:guest@127.0.0.1:5682/"
-
 // clientBroker is one RabbitMQ the suite runs against.
 type clientBroker struct {
 	name string // "RabbitMQ-3.10.8", from its connection.start
@@ -37,15 +33,12 @@ type clientBroker struct {
 // the version it announces; the test fails when either is unreachable.
 func clientBrokers(t *testing.T) []clientBroker {
 	t.Helper()
-	u43 := os.Getenv("AMQP_URL_43")
-	if u43 == "" {
-		u43 = clientDefaultURL43
-	}
 	var out []clientBroker
-	for _, u := range []string{testbroker.URL(t), u43} {
+	for _, b := range testbroker.Brokers(t) {
+		u := b.URL
 		c, err := amqp.Dial(u)
 		if err != nil {
-			t.Fatalf("RabbitMQ at %s (AMQP_URL, AMQP_URL_43; `bash .ci/rabbitmq43` starts 4.3): %v", clientRedacted(u), err)
+			t.Fatalf("RabbitMQ %s at %s: %v", b.Name, clientRedacted(u), err)
 		}
 		name := fmt.Sprintf("%v-%v", c.Properties["product"], c.Properties["version"])
 		c.Close()
