@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
@@ -239,10 +240,7 @@ func TestCloseShutdownWaitsForCloseOk(t *testing.T) {
 // state does, then hangs up.
 func TestCloseHandshakeRefusalWaitsForCloseOk(t *testing.T) {
 	t.Parallel()
-	l := listen(t)
-	addr := l.Addr().String()
-	l.Close() // nothing listens there now
-	p := startProxy(t, Config{Upstream: "amqp://" + addr})
+	p := startProxy(t, Config{Upstream: "amqp://" + crashtest.FreePort(t)})
 	c := rawDial(t, p.addr)
 	c.raw(wire.ProtocolHeader[:])
 	c.expect(0, wire.IDConnectionStart)

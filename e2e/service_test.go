@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/delayproxy/delayproxy"
+	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testlog"
 	"github.com/delayproxy/delayproxy/internal/testwait"
-	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // End-to-end tests of the operator's side of a running proxy against the
@@ -517,8 +519,8 @@ func TestService_HealthAndReadiness(t *testing.T) {
 	})
 	t.Run("upstream unreachable", func(t *testing.T) {
 		t.Parallel()
-		port := closedPort(t)
-		tp := startProxy(t, func(c *delayproxy.Config) { c.UpstreamURL = "amqp://guest:guest@127.0.0.1:" + port + "/" })
+		addr := crashtest.FreePort(t)
+		tp := startProxy(t, func(c *delayproxy.Config) { c.UpstreamURL = "amqp://guest:guest@" + addr + "/" })
 		if code, body := tp.httpDo(t, "GET", "/healthz"); code != 200 {
 			t.Errorf("GET /healthz = %d %q, want 200 (the process is alive)", code, body)
 		}
@@ -535,18 +537,6 @@ func TestService_HealthAndReadiness(t *testing.T) {
 			t.Error("a client connected through a proxy whose upstream is down")
 		}
 	})
-}
-
-// closedPort is a loopback TCP port nothing listens on (a moment ago).
-func closedPort(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	ln.Close()
-	return port
 }
 
 // TestService_HeartbeatFlagReachesClients: --heartbeat is what the proxy
