@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/delayproxy/delayproxy/internal/testbroker"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
 // TestFaultConnectionBlocked sets RabbitMQ's memory alarm, on each broker in
@@ -23,7 +24,7 @@ import (
 func TestFaultConnectionBlocked(t *testing.T) {
 	testbroker.EachInTurn(t, func(t *testing.T, b testbroker.Broker) {
 		p := startProxyOn(t, b, Config{})
-		q := declareQueueOn(t, b, nil)
+		q := b.DeclareQueue(t, false, nil)
 		conn := p.dial(t, amqp.Config{})
 		ch := testbroker.Channel(t, conn)
 		blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))

@@ -172,7 +172,7 @@ func TestTLSListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	ch := testbroker.Channel(t, conn)
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("over tls")})
 	if d := get(t, ch, q, true); string(d.Body) != "over tls" {
@@ -210,7 +210,7 @@ func TestUpstreamTLS(t *testing.T) {
 	fw := startForwarder(t, tl, brokerAddr(t))
 	p := startProxy(t, Config{Upstream: "amqps://" + fw.l.Addr().String(), UpstreamTLS: &tls.Config{RootCAs: cert.Pool}})
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("tls upstream")})
 	if d := get(t, ch, q, true); string(d.Body) != "tls upstream" {
 		t.Fatalf("got %q", d.Body)

@@ -197,7 +197,7 @@ func TestInterceptConfirmsRabbitMQ(t *testing.T) {
 	t.Parallel()
 	hooks := newTakeEveryThird(2, 20*time.Millisecond)
 	p := startProxy(t, Config{Interceptor: hooks})
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	conn := p.dial(t, amqp.Config{})
 	fate := func(body string) (bool, bool) {
 		if ack, ok := hooks.answer(body); ok {
@@ -251,7 +251,7 @@ func TestInterceptChannelClosedWithConfirmsPending(t *testing.T) {
 					return fb.fate(body)
 				}
 			} else {
-				q = declareQueue(t, nil)
+				q = testbroker.DeclareQueue(t, false, nil)
 			}
 			p := startProxy(t, cfg)
 			conn := p.dial(t, amqp.Config{})
@@ -456,7 +456,7 @@ func TestInterceptTxGating(t *testing.T) {
 		})
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
@@ -502,7 +502,7 @@ func TestInterceptCloseChannelMidContent(t *testing.T) {
 		return false // relayed frame by frame
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	conn := p.dial(t, amqp.Config{FrameSize: 4096})
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	ch := testbroker.Channel(t, conn)
@@ -650,7 +650,7 @@ func TestInterceptRelayAssembled(t *testing.T) {
 		p.Relay()
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)

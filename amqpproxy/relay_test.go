@@ -48,7 +48,7 @@ func confirmedPublish(t testing.TB, ch *amqp.Channel, exchange, key string, mand
 func relayedQueue(t testing.TB, b testbroker.Broker, cfg amqp.Config) (string, *amqp.Channel) {
 	t.Helper()
 	p := startProxyOn(t, b, Config{})
-	q := declareQueueOn(t, b, nil)
+	q := b.DeclareQueue(t, false, nil)
 	return q, testbroker.Channel(t, p.dial(t, cfg))
 }
 
@@ -326,7 +326,7 @@ func TestExchangeToExchangeBinding(t *testing.T) {
 			}
 			t.Cleanup(func() { b.DeleteExchange(t, e.name) })
 		}
-		q := declareQueueOn(t, b, nil)
+		q := b.DeclareQueue(t, false, nil)
 		if err := ch.QueueBind(q, "k", dst, false, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -377,7 +377,7 @@ func TestChannelErrorClosesOnlyThatChannel(t *testing.T) {
 		if e := <-closed; e == nil || e.Code != amqp.NotFound {
 			t.Fatalf("channel closed with %v", e)
 		}
-		q := declareQueueOn(t, b, nil)
+		q := b.DeclareQueue(t, false, nil)
 		if _, err := good.QueueDeclarePassive(q, false, false, false, false, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -442,7 +442,7 @@ func TestHeartbeatsKeepIdleConnection(t *testing.T) {
 	t.Parallel()
 	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
 		p := startProxyOn(t, b, Config{})
-		q := declareQueueOn(t, b, nil)
+		q := b.DeclareQueue(t, false, nil)
 		conn := p.dial(t, amqp.Config{Heartbeat: time.Second})
 		closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 		ch := testbroker.Channel(t, conn)

@@ -97,11 +97,10 @@ func TestDelayedExchange_DeclareErrors(t *testing.T) {
 func TestDelayedExchange_Redeclare(t *testing.T) {
 	t.Parallel()
 	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
-		tp := startProxyOn(t, b, nil)
-		conn := tp.dial(t)
+		tp, conn := startDialledOn(t, b)
 		ch := confirmChannel(t, conn)
 		ex := declareDelayedOn(t, b, ch, "direct", amqp.Table{"note": "v1"})
-		q := declareQueueOn(t, b, nil)
+		q := b.DeclareQueue(t, true, nil)
 		bindOn(t, b, q, "k", ex, nil)
 		cons := consume(t, testbroker.Dial(t, b.URL), q)
 
@@ -160,8 +159,7 @@ func TestDelayedExchange_Redeclare(t *testing.T) {
 func TestDelayedExchange_NoWaitDeclareThenPublish(t *testing.T) {
 	t.Parallel()
 	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
-		tp := startProxyOn(t, b, nil)
-		conn := tp.dial(t)
+		_, conn := startDialledOn(t, b)
 		ch := testbroker.Channel(t, conn)
 		ex := testbroker.UniqueName(t, "x")
 		t.Cleanup(func() { b.DeleteExchange(t, ex) })
@@ -171,7 +169,7 @@ func TestDelayedExchange_NoWaitDeclareThenPublish(t *testing.T) {
 		}
 		publish(t, ch, ex, "", delayedMsg("800", "nowait"))
 		// The binding comes after the publish: the message is routed at release.
-		q := declareQueueOn(t, b, nil)
+		q := b.DeclareQueue(t, true, nil)
 		if err := ch.QueueBind(q, "", ex, false, nil); err != nil {
 			t.Fatalf("bind after the no-wait declare: %v", err)
 		}
@@ -192,9 +190,7 @@ func TestDelayedExchange_NoWaitDeclareThenPublish(t *testing.T) {
 func TestExchangeDelete_DiscardsPending(t *testing.T) {
 	t.Parallel()
 	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
-		tp := startProxyOn(t, b, nil)
-		conn := tp.dial(t)
-		ch := confirmChannel(t, conn)
+		tp, ch := startConfirmedOn(t, b)
 		ex, q, cons := delayedFanoutOn(t, b, ch)
 		for i := range 5 {
 			publishConfirmed(t, ch, ex, "", false, delayedMsg(int32(600), fmt.Sprint("old", i)))

@@ -94,8 +94,7 @@ func TestDelayedExchange_RoutesLikeItsType(t *testing.T) {
 		for _, tt := range tests {
 			t.Run(tt.typ, func(t *testing.T) {
 				t.Parallel()
-				tp := startProxyOn(t, b, nil)
-				conn := tp.dial(t)
+				tp, conn := startDialledOn(t, b)
 				ch := confirmChannel(t, conn)
 				ex := declareDelayedOn(t, b, ch, tt.typ, nil)
 
@@ -109,7 +108,7 @@ func TestDelayedExchange_RoutesLikeItsType(t *testing.T) {
 				var queues [2]string
 				var cons [2]*consumer
 				for i, bd := range tt.bindings {
-					queues[i] = declareQueueOn(t, b, nil)
+					queues[i] = b.DeclareQueue(t, true, nil)
 					// Bindings go through the proxy, relayed unchanged.
 					if err := ch.QueueBind(queues[i], bd.key, ex, false, bd.args); err != nil {
 						t.Fatalf("bind: %v", err)
@@ -252,10 +251,10 @@ func TestAlternateExchange_AtRelease(t *testing.T) {
 	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
 		tp, ch := startConfirmedOn(t, b)
 		ae := declarePlainExchangeOn(t, b, "fanout")
-		aeQueue := declareQueueOn(t, b, nil)
+		aeQueue := b.DeclareQueue(t, true, nil)
 		bindOn(t, b, aeQueue, "", ae, nil)
 		ex := declareDelayedOn(t, b, ch, "direct", amqp.Table{"alternate-exchange": ae})
-		bound := declareQueueOn(t, b, nil)
+		bound := b.DeclareQueue(t, true, nil)
 		bindOn(t, b, bound, "k", ex, nil)
 		aeCons := consume(t, testbroker.Dial(t, b.URL), aeQueue)
 		boundCons := consume(t, testbroker.Dial(t, b.URL), bound)
@@ -410,8 +409,8 @@ func TestRelease_QuorumAndClassicQueues(t *testing.T) {
 	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
 		_, ch := startConfirmedOn(t, b)
 		ex := declareDelayedOn(t, b, ch, "fanout", nil)
-		quorum := declareQueueOn(t, b, amqp.Table{"x-queue-type": "quorum"})
-		classic := declareQueueOn(t, b, amqp.Table{"x-queue-type": "classic"})
+		quorum := b.DeclareQueue(t, true, amqp.Table{"x-queue-type": "quorum"})
+		classic := b.DeclareQueue(t, true, amqp.Table{"x-queue-type": "classic"})
 		bindOn(t, b, quorum, "", ex, nil)
 		bindOn(t, b, classic, "", ex, nil)
 		qc, cc := consume(t, testbroker.Dial(t, b.URL), quorum), consume(t, testbroker.Dial(t, b.URL), classic)
@@ -433,8 +432,7 @@ func TestRelease_QuorumAndClassicQueues(t *testing.T) {
 func TestDelayed_PublisherAndConsumerThroughProxy(t *testing.T) {
 	t.Parallel()
 	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
-		tp := startProxyOn(t, b, nil)
-		pubConn := tp.dial(t)
+		tp, pubConn := startDialledOn(t, b)
 		ch := confirmChannel(t, pubConn)
 		ex := declareDelayedOn(t, b, ch, "topic", nil)
 		q1, err := ch.QueueDeclare(testbroker.UniqueName(t, "q"), false, false, false, false, nil)
@@ -442,7 +440,7 @@ func TestDelayed_PublisherAndConsumerThroughProxy(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { b.DeleteQueue(t, q1.Name) })
-		q2 := declareQueueOn(t, b, nil)
+		q2 := b.DeclareQueue(t, true, nil)
 		if err := ch.QueueBind(q1.Name, "a.#", ex, false, nil); err != nil {
 			t.Fatal(err)
 		}

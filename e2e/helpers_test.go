@@ -79,8 +79,16 @@ func startConfirmed(t testing.TB) (*testProxy, *amqp.Channel) {
 // startConfirmedOn is startConfirmed in front of broker b.
 func startConfirmedOn(t testing.TB, b testbroker.Broker) (*testProxy, *amqp.Channel) {
 	t.Helper()
+	tp, conn := startDialledOn(t, b)
+	return tp, confirmChannel(t, conn)
+}
+
+// startDialledOn is startProxyOn(t, b, nil) and a client connection
+// through it.
+func startDialledOn(t testing.TB, b testbroker.Broker) (*testProxy, *amqp.Connection) {
+	t.Helper()
 	tp := startProxyOn(t, b, nil)
-	return tp, confirmChannel(t, tp.dial(t))
+	return tp, tp.dial(t)
 }
 
 // startProxyWith is startProxy with the proxy's logger and delayproxy.New's
@@ -349,7 +357,7 @@ func delayedQueue(t testing.TB, ch *amqp.Channel, typ, key string) (ex, q string
 func delayedQueueOn(t testing.TB, b testbroker.Broker, ch *amqp.Channel, typ, key string) (ex, q string) {
 	t.Helper()
 	ex = declareDelayedOn(t, b, ch, typ, nil)
-	q = declareQueueOn(t, b, nil)
+	q = b.DeclareQueue(t, true, nil)
 	bindOn(t, b, q, key, ex, nil)
 	return ex, q
 }
@@ -440,6 +448,17 @@ func (c *consumer) waitByID(t testing.TB, n int, d time.Duration) map[string]arr
 		got[a.MessageId] = a
 	}
 	return got
+}
+
+// arrived is the arrival of message-id id in got (waitByID's); a missing
+// one is an error of the test.
+func arrived(t testing.TB, got map[string]arrival, id string) (arrival, bool) {
+	t.Helper()
+	a, ok := got[id]
+	if !ok {
+		t.Errorf("%s: never arrived", id)
+	}
+	return a, ok
 }
 
 // httpDo sends a request to the proxy's HTTP server and returns the status

@@ -28,7 +28,7 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 	const clients = 2
 	tp := startProxy(t, nil)
 	ex, q := delayedQueue(t, testbroker.Channel(t, tp.dial(t)), "fanout", "")
-	got := consume(t, dialBroker(t), q)
+	got := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
 
 	prefix := "dp-rel upstream " + randHex(t, 4)
 	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {

@@ -32,7 +32,7 @@ func TestService_MetricsMoveWithDelayedTraffic(t *testing.T) {
 	t.Parallel()
 	tp, ch := startConfirmed(t)
 	ex, q := delayedQueue(t, ch, "direct", "k")
-	cons := consume(t, dialBroker(t), q)
+	cons := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
 	pending := []string{"vhost", "/", "exchange", ex}
 
 	before := scrape(t, tp)
@@ -113,7 +113,7 @@ func TestService_ConnectionMetrics(t *testing.T) {
 
 	conn := tp.dial(t)
 	ch := testbroker.Channel(t, conn)
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, true, nil)
 	// A relayed round trip: queue.declare (passive) and its declare-ok.
 	if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
@@ -194,11 +194,11 @@ func TestService_AdminCountListCancel(t *testing.T) {
 	tp, ch := startConfirmed(t)
 	ex := declareDelayed(t, ch, "direct", nil)
 	other := declareDelayed(t, ch, "fanout", nil)
-	q, qOther := declareQueue(t, nil), declareQueue(t, nil)
+	q, qOther := testbroker.DeclareQueue(t, true, nil), testbroker.DeclareQueue(t, true, nil)
 	bind(t, q, "k", ex, nil)
 	bind(t, qOther, "", other, nil)
-	cons := consume(t, dialBroker(t), q)
-	consOther := consume(t, dialBroker(t), qOther)
+	cons := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
+	consOther := consume(t, testbroker.Dial(t, testbroker.URL(t)), qOther)
 
 	// Long enough for the API calls below to come before any is due on a
 	// loaded machine; every call checks that it did.
