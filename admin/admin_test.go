@@ -16,12 +16,14 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
+	"github.com/delayproxy/delayproxy/internal/testpaging"
 	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/metrics"
 	"github.com/delayproxy/delayproxy/store"
 	"github.com/delayproxy/delayproxy/store/boltstore"
 	"github.com/delayproxy/delayproxy/store/storetest"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -161,23 +163,11 @@ func TestListExchanges(t *testing.T) {
 
 func TestListMessagesPages(t *testing.T) {
 	f := newFixture(t, "", nil)
-	var all []messageJSON
-	after := ""
-	for page := 0; ; page++ {
-		if page > 5 {
-			t.Fatal("paging does not end")
-		}
+	all := testpaging.All(t, 2, 6, func(m messageJSON) string { return m.Key }, func(after string) ([]messageJSON, string) {
 		var r listResp
 		f.getJSON(t, "GET", "/api/exchanges/%2F/orders/messages?limit=2&after="+after, 200, &r)
-		all = append(all, r.Messages...)
-		if r.NextAfter == "" {
-			break
-		}
-		if r.NextAfter != r.Messages[len(r.Messages)-1].Key {
-			t.Fatalf("next_after %s is not the last key", r.NextAfter)
-		}
-		after = r.NextAfter
-	}
+		return r.Messages, r.NextAfter
+	})
 	if len(all) != 5 {
 		t.Fatalf("listed %d messages, want 5: %+v", len(all), all)
 	}

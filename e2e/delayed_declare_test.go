@@ -145,8 +145,8 @@ func TestDelayedExchange_Redeclare(t *testing.T) {
 		publishConfirmed(t, ch, ex, "k", false, delayedMsg(int32(300), "after"))
 		publishConfirmed(t, ch, ex, "other-key", false, delayedMsg(int32(300), "unroutable"))
 		got := cons.wait(t, 2, 20*time.Second)
-		if !slices.Equal(ids(got), []string{"after", "before"}) {
-			t.Fatalf("arrived %v, want [after before]", ids(got))
+		if !slices.Equal(messageIDs(got), []string{"after", "before"}) {
+			t.Fatalf("arrived %v, want [after before]", messageIDs(got))
 		}
 		if early := start.Add(1500 * time.Millisecond).Sub(got[1].At); early > 0 {
 			t.Errorf("message published before the redeclare arrived %v early", early)
@@ -213,7 +213,7 @@ func TestExchangeDelete_DiscardsPending(t *testing.T) {
 		publishConfirmed(t, ch, ex, "", false, delayedMsg(int32(900), "new"))
 		got := cons.wait(t, 1, 20*time.Second)
 		testwait.Until(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
-		if all := append(ids(got), ids(cons.snapshot()[len(got):])...); !slices.Equal(all, []string{"new"}) {
+		if all := append(messageIDs(got), messageIDs(cons.snapshot()[len(got):])...); !slices.Equal(all, []string{"new"}) {
 			t.Fatalf("arrived %v, want only [new]", all)
 		}
 		if n := queueDepthOn(t, b, q); n != 0 {

@@ -296,8 +296,8 @@ func TestTx_StoredAtCommit(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := cons.wait(t, 3, 20*time.Second)
-		if !slices.Equal(ids(got), []string{"not-delayed", "committed-1", "committed-2"}) {
-			t.Fatalf("arrived %v", ids(got))
+		if !slices.Equal(messageIDs(got), []string{"not-delayed", "committed-1", "committed-2"}) {
+			t.Fatalf("arrived %v", messageIDs(got))
 		}
 		if got[1].At.Before(start.Add(time.Second)) {
 			t.Errorf("committed message arrived early")

@@ -139,7 +139,7 @@ func TestDelayedExchange_RoutesLikeItsType(t *testing.T) {
 				testwait.Until(t, 20*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
 				for q := range 2 {
 					got := cons[q].stop(t)
-					if gotIDs := ids(got); !slices.Equal(gotIDs, want[q]) {
+					if gotIDs := messageIDs(got); !slices.Equal(gotIDs, want[q]) {
 						t.Errorf("queue %d (binding %q %v) got %v, want %v", q, tt.bindings[q].key, tt.bindings[q].args, gotIDs, want[q])
 					}
 					if n := queueDepthOn(t, b, queues[q]); n != 0 {
@@ -155,14 +155,6 @@ func TestDelayedExchange_RoutesLikeItsType(t *testing.T) {
 			})
 		}
 	})
-}
-
-func ids(as []arrival) []string {
-	out := make([]string, len(as))
-	for i, a := range as {
-		out[i] = a.MessageId
-	}
-	return out
 }
 
 // TestRelease_MessageUnchanged: the released message has the original
@@ -263,7 +255,7 @@ func TestAlternateExchange_AtRelease(t *testing.T) {
 		publishConfirmed(t, ch, ex, "unbound", true, delayedMsg(int32(700), "to-ae"))
 		publishConfirmed(t, ch, ex, "k", true, delayedMsg(int32(700), "routed"))
 		if got := aeCons.snapshot(); len(got) != 0 {
-			t.Fatalf("alternate exchange got %v at publish", ids(got))
+			t.Fatalf("alternate exchange got %v at publish", messageIDs(got))
 		}
 		a := aeCons.wait(t, 1, 20*time.Second)[0]
 		if a.MessageId != "to-ae" || a.At.Before(start.Add(700*time.Millisecond)) {
@@ -418,10 +410,10 @@ func TestRelease_QuorumAndClassicQueues(t *testing.T) {
 			publishConfirmed(t, ch, ex, "", false, delayedMsg(int32(200+10*i), fmt.Sprint(i)))
 		}
 		want := []string{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}
-		if got := ids(qc.wait(t, 10, 20*time.Second)); !slices.Equal(got, want) {
+		if got := messageIDs(qc.wait(t, 10, 20*time.Second)); !slices.Equal(got, want) {
 			t.Errorf("quorum queue got %v", got)
 		}
-		if got := ids(cc.wait(t, 10, 20*time.Second)); !slices.Equal(got, want) {
+		if got := messageIDs(cc.wait(t, 10, 20*time.Second)); !slices.Equal(got, want) {
 			t.Errorf("classic queue got %v", got)
 		}
 	})
@@ -452,7 +444,7 @@ func TestDelayed_PublisherAndConsumerThroughProxy(t *testing.T) {
 		start := time.Now()
 		publishConfirmed(t, ch, ex, "a.b", false, delayedMsg(int32(500), "both"))
 		publishConfirmed(t, ch, ex, "a.x", false, delayedMsg(int32(400), "a-only"))
-		if got := ids(same.wait(t, 2, 20*time.Second)); !slices.Equal(got, []string{"a-only", "both"}) {
+		if got := messageIDs(same.wait(t, 2, 20*time.Second)); !slices.Equal(got, []string{"a-only", "both"}) {
 			t.Errorf("same connection got %v", got)
 		}
 		got := other.wait(t, 1, 20*time.Second)

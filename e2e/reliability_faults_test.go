@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -30,18 +29,8 @@ func TestFaultBrokerStopDuringPublish(t *testing.T) {
 		ex, q := delayedQueueOn(t, b, testbroker.Channel(t, tp.dial(t)), "fanout", "") // durable; messages are persistent
 
 		prefix := "dp-rel brokerstop " + randHex(t, 4)
-		pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {
-			return &crashtest.Publisher{
-				Name:     fmt.Sprintf("%s %d", prefix, i),
-				URL:      tp.URL,
-				Exchange: ex,
-				Delay:    delaySpread(uint64(i), 500*time.Millisecond, 3*time.Second, 4*time.Second, 2*time.Second),
-				Rate:     100,
-			}
-		})
-		testwait.Until(t, 30*time.Second, "every client to have messages confirmed", func() bool {
-			return pubs.Every(func(l crashtest.Ledger) bool { return len(l.Confirmed) >= 30 })
-		})
+		pubs := startClients(clients, prefix, tp.URL, ex, 100, spread{500 * time.Millisecond, 3 * time.Second, 4 * time.Second, 2 * time.Second})
+		awaitConfirmedEach(t, pubs, 30)
 		stopping := time.Now()
 		stopBroker(t, b)
 		stopped := time.Now()
