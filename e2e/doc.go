@@ -19,6 +19,6 @@
 // the rest on 3.10.
 //
 // Shared helpers live beside internal/testbroker: testbroker (the broker),
-// testwait, testcert and crashtest (publishers with a ledger, child
-// processes).
+// testwait, testcert, testpaging (the admin API's pages) and crashtest
+// (publishers with a ledger, child processes).
 package e2e
