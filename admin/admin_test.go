@@ -16,12 +16,14 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
+	"github.com/delayproxy/delayproxy/internal/testpaging"
 	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/metrics"
 	"github.com/delayproxy/delayproxy/store"
 	"github.com/delayproxy/delayproxy/store/boltstore"
 	"github.com/delayproxy/delayproxy/store/storetest"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -153,23 +155,11 @@ func TestListExchanges(t *testing.T) {
 
 func TestListMessagesPages(t *testing.T) {
 	f := newFixture(t, "", nil)
-	var all []Message
-	after := ""
-	for page := 0; ; page++ {
-		if page > 5 {
-			t.Fatal("paging does not end")
-		}
+	all := testpaging.All(t, 2, 6, func(m Message) string { return m.Key }, func(after string) ([]Message, string) {
 		var r MessagePage
 		f.getJSON(t, "GET", "/api/exchanges/%2F/orders/messages?limit=2&after="+after, 200, &r)
-		all = append(all, r.Messages...)
-		if r.NextAfter == "" {
-			break
-		}
-		if r.NextAfter != r.Messages[len(r.Messages)-1].Key {
-			t.Fatalf("next_after %s is not the last key", r.NextAfter)
-		}
-		after = r.NextAfter
-	}
+		return r.Messages, r.NextAfter
+	})
 	if len(all) != 5 {
 		t.Fatalf("listed %d messages, want 5: %+v", len(all), all)
 	}
@@ -244,7 +234,7 @@ func TestBadRequests(t *testing.T) {
 			if code != tt.want {
 				t.Errorf("status %d %s, want %d", code, body, tt.want)
 			}
-			var e ErrorResponse
+			var e struct{ Error string }
 			if err := json.Unmarshal(body, &e); err != nil || e.Error == "" {
 				t.Errorf("not a JSON error: %q", body)
 			}
@@ -267,7 +257,7 @@ func TestBadRequests(t *testing.T) {
 
 func TestCancel(t *testing.T) {
 	f := newFixture(t, "", nil)
-	var r Cancelled
+	var r struct{ Cancelled int64 }
 
 	// By message-id: both "b" go, the second attempt finds none.
 	f.getJSON(t, "DELETE", "/api/exchanges/%2F/orders/messages/b", 200, &r)
@@ -535,7 +525,7 @@ func TestPathEscaping(t *testing.T) {
 	if code, body := f.do(t, "GET", "/api/exchanges/a%252Fb/"+url.PathEscape(def.Name), ""); code != 404 {
 		t.Errorf("vhost %q found: %d %s", "a%2Fb", code, body)
 	}
-	var r Cancelled
+	var r struct{ Cancelled int }
 	f.getJSON(t, "DELETE", base+"/messages/"+url.PathEscape("id/with%slash"), 200, &r)
 	if r.Cancelled != 1 || f.st.Count(def.VHost, def.Name) != 0 {
 		t.Errorf("cancel by escaped id: %+v, count %d", r, f.st.Count(def.VHost, def.Name))

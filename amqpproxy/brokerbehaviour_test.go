@@ -15,7 +15,6 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/internal/rawamqp"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
-	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
 // brokerBehaviour is one thing RabbitMQ itself does with messages or
@@ -131,7 +130,7 @@ var brokerBehaviours = []brokerBehaviour{
 		run: func(t *testing.T, r behaviourRun) string {
 			return deadLettered(t, r, nil, func(ch *amqp.Channel, q string) {
 				confirmedPublish(t, ch, "", q, false, amqp.Publishing{Body: []byte("m")})
-				if err := getManual(t, ch, q).Reject(false); err != nil {
+				if err := get(t, ch, q, false).Reject(false); err != nil {
 					t.Fatal(err)
 				}
 			})
@@ -143,7 +142,7 @@ var brokerBehaviours = []brokerBehaviour{
 		run: func(t *testing.T, r behaviourRun) string {
 			return deadLettered(t, r, nil, func(ch *amqp.Channel, q string) {
 				confirmedPublish(t, ch, "", q, false, amqp.Publishing{Body: []byte("m")})
-				if err := getManual(t, ch, q).Nack(false, false); err != nil {
+				if err := get(t, ch, q, false).Nack(false, false); err != nil {
 					t.Fatal(err)
 				}
 			})
@@ -248,22 +247,6 @@ func withDLX(args amqp.Table, dlq string) amqp.Table {
 	return out
 }
 
-// getManual polls basic.get without auto-ack until a message arrives.
-func getManual(t *testing.T, ch *amqp.Channel, q string) amqp.Delivery {
-	t.Helper()
-	var d amqp.Delivery
-	testwait.Until(t, 10*time.Second, "a message in "+q, func() bool {
-		var ok bool
-		var err error
-		d, ok, err = ch.Get(q, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ok
-	})
-	return d
-}
-
 // deliveryCount is a delivery's x-delivery-count, "-" when it has none.
 func deliveryCount(d amqp.Delivery) string {
 	if n, ok := d.Headers["x-delivery-count"]; ok {
@@ -284,13 +267,13 @@ func quorumDeliveryCounts(t *testing.T, r behaviourRun) string {
 		func(d amqp.Delivery) error { return d.Nack(false, true) },
 		func(d amqp.Delivery) error { return d.Reject(true) },
 	} {
-		d := getManual(t, ch, q)
+		d := get(t, ch, q, false)
 		counts = append(counts, deliveryCount(d))
 		if err := requeue(d); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return strings.Join(append(counts, deliveryCount(getManual(t, ch, q))), " ")
+	return strings.Join(append(counts, deliveryCount(get(t, ch, q, false))), " ")
 }
 
 // quorumRequeueLoop consumes one message of a quorum queue (with args)
@@ -369,7 +352,7 @@ func deadLettered(t *testing.T, r behaviourRun, args amqp.Table, trigger func(ch
 	dlq := r.queue(t, ch, false, nil)
 	q := r.queue(t, ch, false, withDLX(args, dlq))
 	trigger(ch, q)
-	d := getManual(t, ch, dlq)
+	d := get(t, ch, dlq, false)
 	deaths, _ := d.Headers["x-death"].([]any)
 	if len(deaths) != 1 {
 		t.Fatalf("x-death %v", d.Headers["x-death"])
@@ -393,7 +376,7 @@ func expiresAfter(t *testing.T, r behaviourRun, queueMs, messageMs int) string {
 	q := r.queue(t, ch, false, withDLX(amqp.Table{"x-message-ttl": int32(queueMs)}, dlq))
 	start := time.Now()
 	confirmedPublish(t, ch, "", q, false, amqp.Publishing{Body: []byte("m"), Expiration: fmt.Sprint(messageMs)})
-	d := getManual(t, ch, dlq)
+	d := get(t, ch, dlq, false)
 	took := time.Since(start)
 	smaller, larger := time.Duration(min(queueMs, messageMs))*time.Millisecond, time.Duration(max(queueMs, messageMs))*time.Millisecond
 	if reason := firstDeathReason(d); reason != "expired" {
@@ -422,7 +405,7 @@ func expiryAtHead(t *testing.T, r behaviourRun) string {
 	if err != nil || !ok || string(d.Body) != "first" {
 		t.Fatalf("get: %q %v %v", d.Body, ok, err)
 	}
-	dead := getManual(t, ch, dlq)
+	dead := get(t, ch, dlq, false)
 	return fmt.Sprintf("500 ms on: %d queued; once the first is taken: the %s dead-lettered, %s", st.Messages, dead.Body, firstDeathReason(dead))
 }
 
@@ -441,7 +424,7 @@ func priorityOrder(t *testing.T, r behaviourRun, args amqp.Table) string {
 	}
 	var got []string
 	for range 5 {
-		d := getManual(t, ch, q)
+		d := get(t, ch, q, false)
 		if err := d.Ack(false); err != nil {
 			t.Fatal(err)
 		}

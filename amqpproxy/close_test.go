@@ -16,6 +16,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/crashtest"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
 // The closing handshake as RabbitMQ runs it (rabbit_reader.erl): after it
@@ -31,35 +33,32 @@ import (
 func TestCloseNotifyCloseReportsNil(t *testing.T) {
 	t.Parallel()
 	const rounds, workers = 200, 4
-	for _, up := range upstreams(t) {
-		t.Run(up.name, func(t *testing.T) {
-			t.Parallel()
-			p := startProxy(t, Config{Upstream: up.url})
-			u := up.proxyURL(t, p)
-			var next, bad atomic.Int64
-			var mu sync.Mutex // guards first
-			var first error
-			var wg sync.WaitGroup
-			for range workers {
-				wg.Go(func() {
-					for next.Add(1) <= rounds {
-						if err := closeOnce(u); err != nil {
-							bad.Add(1)
-							mu.Lock()
-							if first == nil {
-								first = err
-							}
-							mu.Unlock()
+	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
+		p := startProxyOn(t, b, Config{})
+		u := p.url(t)
+		var next, bad atomic.Int64
+		var mu sync.Mutex // guards first
+		var first error
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for next.Add(1) <= rounds {
+					if err := closeOnce(u); err != nil {
+						bad.Add(1)
+						mu.Lock()
+						if first == nil {
+							first = err
 						}
+						mu.Unlock()
 					}
-				})
-			}
-			wg.Wait()
-			if n := bad.Load(); n > 0 {
-				t.Fatalf("%d of %d normal closes through the proxy reported an error; the first: %v", n, rounds, first)
-			}
-		})
-	}
+				}
+			})
+		}
+		wg.Wait()
+		if n := bad.Load(); n > 0 {
+			t.Fatalf("%d of %d normal closes through the proxy reported an error; the first: %v", n, rounds, first)
+		}
+	})
 }
 
 // closeOnce dials u, opens a channel, closes the connection and returns
@@ -92,16 +91,13 @@ func closeOnce(u string) error {
 // fires and the connection closes without ECONNRESET, round after round.
 func TestCloseAmqplib(t *testing.T) {
 	t.Parallel()
-	for _, up := range upstreams(t) {
-		t.Run(up.name, func(t *testing.T) {
-			t.Parallel()
-			p := startProxy(t, Config{Upstream: up.url})
-			out, err := runNode(t, "amqplib_close.js", up.proxyURL(t, p), "50")
-			if err != nil {
-				t.Fatalf("amqplib through the proxy: %v\n%s", err, out)
-			}
-		})
-	}
+	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
+		p := startProxyOn(t, b, Config{})
+		out, err := runNode(t, "amqplib_close.js", p.url(t), "50")
+		if err != nil {
+			t.Fatalf("amqplib through the proxy: %v\n%s", err, out)
+		}
+	})
 }
 
 // runNode runs a script of testdata with node and amqplib as .ci/clients
@@ -128,10 +124,10 @@ func runNode(t *testing.T, script string, args ...string) ([]byte, error) {
 // the client hangs up; compared with RabbitMQ itself.
 func TestCloseLingers(t *testing.T) {
 	t.Parallel()
-	for _, up := range upstreams(t) {
-		p := startProxy(t, Config{Upstream: up.url})
-		for _, tc := range []struct{ name, addr string }{{"direct", up.addr}, {"proxy", p.addr}} {
-			t.Run(up.name+"/"+tc.name, func(t *testing.T) {
+	for _, b := range testbroker.Brokers(t) {
+		p := startProxyOn(t, b, Config{})
+		for _, tc := range []struct{ name, addr string }{{"direct", b.Addr(t)}, {"proxy", p.addr}} {
+			t.Run(b.Name+"/"+tc.name, func(t *testing.T) {
 				t.Parallel()
 				c := rawDial(t, tc.addr)
 				c.open(rawLogin{})
@@ -244,10 +240,7 @@ func TestCloseShutdownWaitsForCloseOk(t *testing.T) {
 // state does, then hangs up.
 func TestCloseHandshakeRefusalWaitsForCloseOk(t *testing.T) {
 	t.Parallel()
-	l := listen(t)
-	addr := l.Addr().String()
-	l.Close() // nothing listens there now
-	p := startProxy(t, Config{Upstream: "amqp://" + addr})
+	p := startProxy(t, Config{Upstream: "amqp://" + crashtest.FreePort(t)})
 	c := rawDial(t, p.addr)
 	c.raw(wire.ProtocolHeader[:])
 	c.expect(0, wire.IDConnectionStart)

@@ -224,8 +224,8 @@ func TestBackPressure(t *testing.T) {
 	t.Parallel()
 	const limit = 64 << 10
 	p := startProxy(t, Config{WriteQueueBytes: limit})
-	q := declareQueue(t, nil)
-	producer := testbroker.Channel(t, dialBroker(t))
+	q := testbroker.DeclareQueue(t, false, nil)
+	producer := testbroker.Channel(t, testbroker.Dial(t, testbroker.URL(t)))
 	if err := producer.Confirm(false); err != nil {
 		t.Fatal(err)
 	}

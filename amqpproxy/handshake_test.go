@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testcert"
 )
@@ -152,9 +153,7 @@ func TestChannelMax(t *testing.T) {
 
 func TestUpstreamUnreachable(t *testing.T) {
 	t.Parallel()
-	l := listen(t)
-	addr := l.Addr().String()
-	l.Close() // nothing listens there now
+	addr := crashtest.FreePort(t) // nothing listens there
 	p := startProxy(t, Config{Upstream: "amqp://" + addr})
 	_, err := amqp.Dial(p.url(t))
 	var ae *amqp.Error
@@ -173,10 +172,10 @@ func TestTLSListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	ch := testbroker.Channel(t, conn)
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("over tls")})
-	if d := get(t, ch, q); string(d.Body) != "over tls" {
+	if d := get(t, ch, q, true); string(d.Body) != "over tls" {
 		t.Fatalf("got %q", d.Body)
 	}
 	// Plain AMQP on the TLS port gets nowhere.
@@ -211,9 +210,9 @@ func TestUpstreamTLS(t *testing.T) {
 	fw := startForwarder(t, tl, brokerAddr(t))
 	p := startProxy(t, Config{Upstream: "amqps://" + fw.l.Addr().String(), UpstreamTLS: &tls.Config{RootCAs: cert.Pool}})
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("tls upstream")})
-	if d := get(t, ch, q); string(d.Body) != "tls upstream" {
+	if d := get(t, ch, q, true); string(d.Body) != "tls upstream" {
 		t.Fatalf("got %q", d.Body)
 	}
 	// A certificate the proxy does not trust: the client is told why.

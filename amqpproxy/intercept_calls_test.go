@@ -193,7 +193,7 @@ func TestInterceptTxGating(t *testing.T) {
 		})
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	if err := ch.Tx(); err != nil {
 		t.Fatal(err)
@@ -218,7 +218,7 @@ func TestInterceptTxGating(t *testing.T) {
 	if got != "kept" {
 		t.Fatalf("stored %q, want kept", got)
 	}
-	if d := get(t, ch, q); string(d.Body) != "relayed, committed" {
+	if d := get(t, ch, q, true); string(d.Body) != "relayed, committed" {
 		t.Fatalf("queue has %q", d.Body)
 	}
 	hooks.wg.Wait()
@@ -239,7 +239,7 @@ func TestInterceptCloseChannelMidContent(t *testing.T) {
 		return false // relayed frame by frame
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	conn := p.dial(t, amqp.Config{FrameSize: 4096})
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	ch := testbroker.Channel(t, conn)
@@ -258,7 +258,7 @@ func TestInterceptCloseChannelMidContent(t *testing.T) {
 	}
 	ch2 := testbroker.Channel(t, conn)
 	publish(t, ch2, "", q, amqp.Publishing{Body: []byte("after")})
-	if d := get(t, ch2, q); string(d.Body) != "after" {
+	if d := get(t, ch2, q, true); string(d.Body) != "after" {
 		t.Fatalf("got %q", d.Body)
 	}
 	hooks.wg.Wait()
@@ -387,7 +387,7 @@ func TestInterceptRelayAssembled(t *testing.T) {
 		p.Relay()
 	}
 	p := startProxy(t, Config{Interceptor: hooks})
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{FrameSize: 4096}))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
@@ -402,7 +402,7 @@ func TestInterceptRelayAssembled(t *testing.T) {
 		if !confirmedPublish(t, ch, "", q, false, m) {
 			t.Fatal("nack")
 		}
-		d := get(t, ch, q)
+		d := get(t, ch, q, true)
 		if !bytes.Equal(d.Body, body) || d.Headers["x-delay"] != int32(5000) || d.ContentType != m.ContentType || d.MessageId != "id-1" || d.Priority != 3 {
 			t.Fatalf("relayed message differs: %d bytes, %+v", len(d.Body), d.Headers)
 		}

@@ -194,7 +194,7 @@ func TestInterceptConfirmsRabbitMQ(t *testing.T) {
 	t.Parallel()
 	hooks := newTakeEveryThird(2, 20*time.Millisecond)
 	p := startProxy(t, Config{Interceptor: hooks})
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
 	conn := p.dial(t, amqp.Config{})
 	fate := func(body string) (bool, bool) {
 		if ack, ok := hooks.answer(body); ok {
@@ -248,7 +248,7 @@ func TestInterceptChannelClosedWithConfirmsPending(t *testing.T) {
 					return fb.fate(body)
 				}
 			} else {
-				q = declareQueue(t, nil)
+				q = testbroker.DeclareQueue(t, false, nil)
 			}
 			p := startProxy(t, cfg)
 			conn := p.dial(t, amqp.Config{})

@@ -72,31 +72,6 @@ func (p *testProxy) dial(t testing.TB, cfg amqp.Config) *amqp.Connection {
 	return c
 }
 
-// dialBroker connects straight to the default broker; closed in Cleanup.
-func dialBroker(t testing.TB) *amqp.Connection {
-	t.Helper()
-	return testbroker.Dial(t, testbroker.URL(t))
-}
-
-// declareQueue declares a queue straight on the default broker
-// (declareQueueOn).
-func declareQueue(t testing.TB, args amqp.Table) string {
-	t.Helper()
-	return declareQueueOn(t, testbroker.Default(t), args)
-}
-
-// declareQueueOn declares a queue straight on b and deletes it in Cleanup.
-func declareQueueOn(t testing.TB, b testbroker.Broker, args amqp.Table) string {
-	t.Helper()
-	name := testbroker.UniqueName(t, "q")
-	ch := testbroker.Channel(t, testbroker.Dial(t, b.URL))
-	if _, err := ch.QueueDeclare(name, false, false, false, false, args); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.DeleteQueue(t, name) })
-	return name
-}
-
 func ctxTimeout(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

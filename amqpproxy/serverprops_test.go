@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
 // startOf sends the protocol header to addr and returns the
@@ -37,34 +38,31 @@ func propsEntry(name, value string) []byte {
 // AMQPLAIN), in RabbitMQ's order. On RabbitMQ 3.10 and 4.3.
 func TestServerPropertiesAreRabbitMQs(t *testing.T) {
 	t.Parallel()
-	for _, up := range upstreams(t) {
-		t.Run(up.name, func(t *testing.T) {
-			t.Parallel()
-			direct := startOf(t, up.addr)
-			p := startProxy(t, Config{Upstream: up.url, Version: "delayproxy 1.2.3 (test)"})
-			got := startOf(t, p.addr)
-			want := append(bytes.Clone(direct.ServerProperties), propsEntry("delayproxy", "delayproxy 1.2.3 (test)")...)
-			if !bytes.Equal(got.ServerProperties, want) {
-				t.Fatalf("server properties through the proxy:\n%x\nRabbitMQ's plus the proxy's key:\n%x", got.ServerProperties, want)
+	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
+		direct := startOf(t, b.Addr(t))
+		p := startProxyOn(t, b, Config{Version: "delayproxy 1.2.3 (test)"})
+		got := startOf(t, p.addr)
+		want := append(bytes.Clone(direct.ServerProperties), propsEntry("delayproxy", "delayproxy 1.2.3 (test)")...)
+		if !bytes.Equal(got.ServerProperties, want) {
+			t.Fatalf("server properties through the proxy:\n%x\nRabbitMQ's plus the proxy's key:\n%x", got.ServerProperties, want)
+		}
+		if got.VersionMajor != direct.VersionMajor || got.VersionMinor != direct.VersionMinor || !bytes.Equal(got.Locales, direct.Locales) {
+			t.Fatalf("version %d-%d locales %q through the proxy, RabbitMQ's %d-%d %q",
+				got.VersionMajor, got.VersionMinor, got.Locales, direct.VersionMajor, direct.VersionMinor, direct.Locales)
+		}
+		var relayable [][]byte
+		for _, m := range bytes.Fields(direct.Mechanisms) {
+			if string(m) == "PLAIN" || string(m) == "AMQPLAIN" {
+				relayable = append(relayable, m)
 			}
-			if got.VersionMajor != direct.VersionMajor || got.VersionMinor != direct.VersionMinor || !bytes.Equal(got.Locales, direct.Locales) {
-				t.Fatalf("version %d-%d locales %q through the proxy, RabbitMQ's %d-%d %q",
-					got.VersionMajor, got.VersionMinor, got.Locales, direct.VersionMajor, direct.VersionMinor, direct.Locales)
-			}
-			var relayable [][]byte
-			for _, m := range bytes.Fields(direct.Mechanisms) {
-				if string(m) == "PLAIN" || string(m) == "AMQPLAIN" {
-					relayable = append(relayable, m)
-				}
-			}
-			if want := bytes.Join(relayable, []byte(" ")); !bytes.Equal(got.Mechanisms, want) {
-				t.Fatalf("mechanisms %q through the proxy, want %q (RabbitMQ offers %q)", got.Mechanisms, want, direct.Mechanisms)
-			}
-			prop := func(k string) any { v, _, _ := direct.ServerProperties.Get(k); return v }
-			t.Logf("RabbitMQ %s: product %v version %v platform %v cluster_name %v; mechanisms %q -> %q",
-				up.name, prop("product"), prop("version"), prop("platform"), prop("cluster_name"), direct.Mechanisms, got.Mechanisms)
-		})
-	}
+		}
+		if want := bytes.Join(relayable, []byte(" ")); !bytes.Equal(got.Mechanisms, want) {
+			t.Fatalf("mechanisms %q through the proxy, want %q (RabbitMQ offers %q)", got.Mechanisms, want, direct.Mechanisms)
+		}
+		prop := func(k string) any { v, _, _ := direct.ServerProperties.Get(k); return v }
+		t.Logf("RabbitMQ %s: product %v version %v platform %v cluster_name %v; mechanisms %q -> %q",
+			b.Name, prop("product"), prop("version"), prop("platform"), prop("cluster_name"), direct.Mechanisms, got.Mechanisms)
+	})
 }
 
 // TestServerPropertiesAmqplib: amqplib's own suite asserts product
@@ -72,39 +70,36 @@ func TestServerPropertiesAreRabbitMQs(t *testing.T) {
 // version and capabilities.
 func TestServerPropertiesAmqplib(t *testing.T) {
 	t.Parallel()
-	for _, up := range upstreams(t) {
-		t.Run(up.name, func(t *testing.T) {
-			t.Parallel()
-			direct := startOf(t, up.addr).ServerProperties
-			version, _, err := direct.Get("version")
-			if err != nil {
-				t.Fatal(err)
+	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
+		direct := startOf(t, b.Addr(t)).ServerProperties
+		version, _, err := direct.Get("version")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := startProxyOn(t, b, Config{Version: "test"})
+		out, err := runNode(t, "amqplib_props.js", p.url(t))
+		if err != nil {
+			t.Fatalf("amqplib through the proxy: %v\n%s", err, out)
+		}
+		var got struct {
+			Product, Version, Delayproxy string
+			Capabilities                 map[string]bool
+		}
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		rawCaps, _, _ := direct.Get("capabilities")
+		caps, _ := rawCaps.(wire.Table)
+		if got.Version != version || got.Delayproxy != "test" {
+			t.Fatalf("amqplib read %+v; RabbitMQ's version %v", got, version)
+		}
+		for _, c := range []string{"publisher_confirms", "basic.nack", "consumer_cancel_notify", "exchange_exchange_bindings",
+			"connection.blocked", "authentication_failure_close", "per_consumer_qos", "consumer_priorities", "direct_reply_to"} {
+			if want, _, err := caps.Get(c); err != nil || got.Capabilities[c] != (want == true) {
+				t.Fatalf("amqplib reads capability %s = %v, RabbitMQ advertises %v (%v)", c, got.Capabilities[c], want, err)
 			}
-			p := startProxy(t, Config{Upstream: up.url, Version: "test"})
-			out, err := runNode(t, "amqplib_props.js", up.proxyURL(t, p))
-			if err != nil {
-				t.Fatalf("amqplib through the proxy: %v\n%s", err, out)
-			}
-			var got struct {
-				Product, Version, Delayproxy string
-				Capabilities                 map[string]bool
-			}
-			if err := json.Unmarshal(out, &got); err != nil {
-				t.Fatalf("%v: %s", err, out)
-			}
-			rawCaps, _, _ := direct.Get("capabilities")
-			caps, _ := rawCaps.(wire.Table)
-			if got.Version != version || got.Delayproxy != "test" {
-				t.Fatalf("amqplib read %+v; RabbitMQ's version %v", got, version)
-			}
-			for _, c := range []string{"publisher_confirms", "basic.nack", "consumer_cancel_notify", "exchange_exchange_bindings",
-				"connection.blocked", "authentication_failure_close", "per_consumer_qos", "consumer_priorities", "direct_reply_to"} {
-				if want, _, err := caps.Get(c); err != nil || got.Capabilities[c] != (want == true) {
-					t.Fatalf("amqplib reads capability %s = %v, RabbitMQ advertises %v (%v)", c, got.Capabilities[c], want, err)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // TestServerPropertiesFollowAnUpgrade: a running proxy whose RabbitMQ is
@@ -112,15 +107,16 @@ func TestServerPropertiesAmqplib(t *testing.T) {
 // to 4.3) greets the next client with the new RabbitMQ's properties.
 func TestServerPropertiesFollowAnUpgrade(t *testing.T) {
 	t.Parallel()
-	ups := upstreams(t)
-	sw := startSwitch(t, ups[0].addr)
+	brokers := testbroker.Brokers(t)
+	sw := startSwitch(t, brokers[0].Addr(t))
 	p := startProxy(t, Config{Upstream: "amqp://" + sw.l.Addr().String()})
-	for _, up := range ups {
-		sw.target.Store(&up.addr)
-		want, _, _ := startOf(t, up.addr).ServerProperties.Get("version")
+	for _, b := range brokers {
+		addr := b.Addr(t)
+		sw.target.Store(&addr)
+		want, _, _ := startOf(t, addr).ServerProperties.Get("version")
 		got, _, _ := startOf(t, p.addr).ServerProperties.Get("version")
 		if got != want {
-			t.Fatalf("behind RabbitMQ %s the proxy advertises version %v, want %v", up.name, got, want)
+			t.Fatalf("behind RabbitMQ %s the proxy advertises version %v, want %v", b.Name, got, want)
 		}
 	}
 }

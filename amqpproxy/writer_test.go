@@ -224,8 +224,8 @@ func TestInterceptConfirmsDuringDeliveries(t *testing.T) {
 	t.Parallel()
 	hooks := newTakeEveryThird(4, 5*time.Millisecond)
 	p := startProxy(t, Config{Interceptor: hooks})
-	q := declareQueue(t, nil)
-	feed := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, false, nil)
+	feed := testbroker.DeclareQueue(t, false, nil)
 	conn := p.dial(t, amqp.Config{FrameSize: 4096})
 	ch := testbroker.Channel(t, conn)
 	deliveries, err := ch.Consume(feed, "", true, false, false, false, nil)
@@ -234,7 +234,7 @@ func TestInterceptConfirmsDuringDeliveries(t *testing.T) {
 	}
 	const n = 30
 	body := bytes.Repeat([]byte("0123456789abcdef"), 200<<10/16)
-	producer := testbroker.Channel(t, dialBroker(t))
+	producer := testbroker.Channel(t, testbroker.Dial(t, testbroker.URL(t)))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

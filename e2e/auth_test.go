@@ -58,7 +58,7 @@ func TestAuth_DelayedPublishNeedsTheUsersPermissions(t *testing.T) {
 		}
 		t.Cleanup(func() { testbroker.DeleteExchange(t, x.name) })
 	}
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, true, nil)
 	bind(t, q, "k", okEx, nil)
 	bind(t, q, "k", noEx, nil)
 	bind(t, q, "#", topicEx, nil)

@@ -10,32 +10,8 @@ import (
 
 // Helpers that go straight to RabbitMQ, not through a proxy: the default
 // broker's (3.10) and, in their On variants, the broker a test names.
-
-// dialBroker connects a client straight to RabbitMQ; closed in t.Cleanup.
-func dialBroker(t testing.TB) *amqp.Connection {
-	t.Helper()
-	return testbroker.Dial(t, testbroker.URL(t))
-}
-
-// declareQueue declares a queue straight on the broker (durable, so that it
-// survives broker faults) and deletes it in t.Cleanup.
-func declareQueue(t testing.TB, args amqp.Table) string {
-	t.Helper()
-	return declareQueueOn(t, testbroker.Default(t), args)
-}
-
-// declareQueueOn is declareQueue on broker b.
-func declareQueueOn(t testing.TB, b testbroker.Broker, args amqp.Table) string {
-	t.Helper()
-	name := testbroker.UniqueName(t, "q")
-	ch := testbroker.Channel(t, testbroker.Dial(t, b.URL))
-	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
-		t.Fatalf("declare queue: %v", err)
-	}
-	ch.Close()
-	t.Cleanup(func() { b.DeleteQueue(t, name) })
-	return name
-}
+// Queues (testbroker.DeclareQueue) and exchanges are durable here, so that
+// they survive broker faults.
 
 // declarePlainExchangeOn declares a non-delayed exchange on broker b and
 // deletes it in t.Cleanup.

@@ -28,7 +28,7 @@ func TestExchangeDelete_DiscardsOnlyPending(t *testing.T) {
 	tp := startProxy(t, nil)
 	conn := tp.dial(t)
 	ch := confirmChannel(t, conn)
-	broker := dialBroker(t)
+	broker := testbroker.Dial(t, testbroker.URL(t))
 
 	for round := range rounds {
 		ex, q, cons := delayedFanoutOn(t, testbroker.Default(t), ch)

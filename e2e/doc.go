@@ -8,8 +8,10 @@
 // (service_*), RabbitMQ's own authorization of delayed publishes
 // (auth_test), the reliability claims of the README (reliability_*):
 // SIGKILL rounds, RabbitMQ closing connections, a full disk, hostile input,
-// many connections, and silent network partitions (partition_test: a hop
-// across a veth link of internal/netns, cut; Linux, as root). Tests that stop RabbitMQ or set its memory alarm
+// many connections, silent network partitions (partition_test: a hop across
+// a veth link of internal/netns, cut; Linux, as root), and ten real clients
+// (clients_*, programs in testdata/clients). Tests that stop RabbitMQ or set
+// its memory alarm
 // (TestFault*, fault_*) build only with -tags brokerfaults and run apart,
 // one package at a time:
 //
@@ -20,6 +22,7 @@
 // the rest on 3.10.
 //
 // Shared helpers live beside internal/testbroker: testbroker (the broker),
-// testwait, testcert, crashtest (publishers with a ledger, child
-// processes) and netns (network namespaces whose link can be cut).
+// testwait, testcert, testpaging (the admin API's pages), crashtest
+// (publishers with a ledger, child processes) and netns (network namespaces
+// whose link can be cut).
 package e2e

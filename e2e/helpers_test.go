@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -21,6 +22,7 @@ import (
 	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testlog"
+	"github.com/delayproxy/delayproxy/internal/testpaging"
 	"github.com/delayproxy/delayproxy/internal/testproxy"
 	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store/boltstore"
@@ -79,8 +81,16 @@ func startConfirmed(t testing.TB) (*testProxy, *amqp.Channel) {
 // startConfirmedOn is startConfirmed in front of broker b.
 func startConfirmedOn(t testing.TB, b testbroker.Broker) (*testProxy, *amqp.Channel) {
 	t.Helper()
+	tp, conn := startDialledOn(t, b)
+	return tp, confirmChannel(t, conn)
+}
+
+// startDialledOn is startProxyOn(t, b, nil) and a client connection
+// through it.
+func startDialledOn(t testing.TB, b testbroker.Broker) (*testProxy, *amqp.Connection) {
+	t.Helper()
 	tp := startProxyOn(t, b, nil)
-	return tp, confirmChannel(t, tp.dial(t))
+	return tp, tp.dial(t)
 }
 
 // startProxyWith is startProxy with the proxy's logger and delayproxy.New's
@@ -318,6 +328,15 @@ type arrival struct {
 	At time.Time
 }
 
+// messageIDs are the message-ids of arrivals, in arrival order.
+func messageIDs(as []arrival) []string {
+	ids := make([]string, len(as))
+	for i, a := range as {
+		ids[i] = a.MessageId
+	}
+	return ids
+}
+
 // consumer records every delivery of one queue with its arrival time.
 type consumer struct {
 	ch   *amqp.Channel
@@ -349,7 +368,7 @@ func delayedQueue(t testing.TB, ch *amqp.Channel, typ, key string) (ex, q string
 func delayedQueueOn(t testing.TB, b testbroker.Broker, ch *amqp.Channel, typ, key string) (ex, q string) {
 	t.Helper()
 	ex = declareDelayedOn(t, b, ch, typ, nil)
-	q = declareQueueOn(t, b, nil)
+	q = b.DeclareQueue(t, true, nil)
 	bindOn(t, b, q, key, ex, nil)
 	return ex, q
 }
@@ -442,6 +461,17 @@ func (c *consumer) waitByID(t testing.TB, n int, d time.Duration) map[string]arr
 	return got
 }
 
+// arrived is the arrival of message-id id in got (waitByID's); a missing
+// one is an error of the test.
+func arrived(t testing.TB, got map[string]arrival, id string) (arrival, bool) {
+	t.Helper()
+	a, ok := got[id]
+	if !ok {
+		t.Errorf("%s: never arrived", id)
+	}
+	return a, ok
+}
+
 // httpDo sends a request to the proxy's HTTP server and returns the status
 // and body.
 func (tp *testProxy) httpDo(t testing.TB, method, path string) (int, []byte) {
@@ -492,37 +522,39 @@ func (tp *testProxy) pending(t testing.TB, exchange string) int64 {
 	return tp.exchangeIn(t, "/", exchange).Pending
 }
 
-// pendingMessage is one message of the admin API's list.
-type pendingMessage struct {
-	Key       string `json:"key"`
-	DueMs     int64  `json:"due_ms"`
-	DelayMs   int64  `json:"delay_ms"`
-	Priority  uint8  `json:"priority"`
-	MessageID string `json:"message_id"`
+// pendingJSON is one message of the admin API's list; Size and Body only
+// with body=true.
+type pendingJSON struct {
+	Key        string `json:"key"`
+	DueMs      int64  `json:"due_ms"`
+	DelayMs    int64  `json:"delay_ms"`
+	Priority   uint8  `json:"priority"`
+	MessageID  string `json:"message_id"`
+	RoutingKey string `json:"routing_key"`
+	Size       *int   `json:"size"`
+	Body       []byte `json:"body"`
+}
+
+// listPage is one page of the admin API's message list.
+type listPage struct {
+	Messages  []pendingJSON `json:"messages"`
+	NextAfter string        `json:"next_after"`
 }
 
 // listPending lists every pending message of a delayed exchange in vhost
 // "/", in release order, through the admin API's pages.
-func (tp *testProxy) listPending(t testing.TB, exchange string) []pendingMessage {
+func (tp *testProxy) listPending(t testing.TB, exchange string) []pendingJSON {
 	t.Helper()
-	var all []pendingMessage
-	after := ""
-	for {
+	key := func(m pendingJSON) string { return m.Key }
+	return testpaging.All(t, 1000, math.MaxInt, key, func(after string) ([]pendingJSON, string) {
 		path := exchangePath(exchange) + "/messages?limit=1000"
 		if after != "" {
 			path += "&after=" + after
 		}
-		var page struct {
-			Messages  []pendingMessage `json:"messages"`
-			NextAfter string           `json:"next_after"`
-		}
+		var page listPage
 		getJSON(t, tp, path, &page)
-		all = append(all, page.Messages...)
-		if page.NextAfter == "" {
-			return all
-		}
-		after = page.NextAfter
-	}
+		return page.Messages, page.NextAfter
+	})
 }
 
 // metric reads one series from the proxy's /metrics: a family name, with

@@ -123,7 +123,7 @@ func TestPartition_ProxyBroker(t *testing.T) {
 	idle := tp.dial(t)
 	idleClosed := idle.NotifyClose(make(chan *amqp.Error, 1))
 	ex, q := delayedQueue(t, testbroker.Channel(t, idle), "fanout", "")
-	got := consume(t, dialBroker(t), q)
+	got := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
 	prefix := "dp-e2e partition " + randHex(t, 4)
 	pubs := crashtest.StartPublishers(2, func(i int) *crashtest.Publisher {
 		return &crashtest.Publisher{

@@ -99,7 +99,7 @@ func TestReliabilityCrash_SIGKILLRounds(t *testing.T) {
 
 	ch := testbroker.Channel(t, tp.dial(t))
 	ex, q := delayedQueue(t, ch, "fanout", "")
-	got := consume(t, dialBroker(t), q)
+	got := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
 
 	tag := randHex(t, 4)
 	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {

@@ -79,8 +79,8 @@ func TestReliabilityDiskFull(t *testing.T) {
 	tp := startProxy(t, func(c *delayproxy.Config) { c.DataDir = filepath.Join(mnt, "data") })
 	conn := tp.dial(t)
 	ex, q := delayedQueue(t, testbroker.Channel(t, conn), "fanout", "")
-	got := consume(t, dialBroker(t), q)
-	plainQ := declareQueue(t, nil)
+	got := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
+	plainQ := testbroker.DeclareQueue(t, true, nil)
 
 	filler := fillTo(t, mnt, 1<<20) // about 1 MiB left for the store to grow
 	body := []byte(strings.Repeat("d", 16<<10))

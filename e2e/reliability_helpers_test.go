@@ -80,6 +80,34 @@ func delaySpread(salt uint64, lo, hi, far, span time.Duration) func(uint64) time
 	}
 }
 
+// spread is a delaySpread without its salt: most messages due between lo
+// and hi, one in seven between far and far+span.
+type spread struct{ lo, hi, far, span time.Duration }
+
+// startClients starts n publishers (crashtest.StartPublishers) named
+// "<prefix> <i>", each publishing rate messages a second to exchange
+// through url, with delays spread by d salted by i.
+func startClients(n int, prefix string, url func() string, exchange string, rate float64, d spread) *crashtest.Publishers {
+	return crashtest.StartPublishers(n, func(i int) *crashtest.Publisher {
+		return &crashtest.Publisher{
+			Name:     fmt.Sprintf("%s %d", prefix, i),
+			URL:      url,
+			Exchange: exchange,
+			Delay:    delaySpread(uint64(i), d.lo, d.hi, d.far, d.span),
+			Rate:     rate,
+		}
+	})
+}
+
+// awaitConfirmedEach waits until each publisher has had n publishes
+// confirmed.
+func awaitConfirmedEach(t testing.TB, pubs *crashtest.Publishers, n int) {
+	t.Helper()
+	testwait.Until(t, 30*time.Second, "every client to have messages confirmed", func() bool {
+		return pubs.Every(func(l crashtest.Ledger) bool { return len(l.Confirmed) >= n })
+	})
+}
+
 // awaitEnds waits until every publisher has seen a connection of its end
 // after since, failing the test at by, and returns each one's first such
 // end.
@@ -98,15 +126,6 @@ func awaitEnds(t testing.TB, pubs *crashtest.Publishers, since, by time.Time) []
 		})
 	}
 	return ends
-}
-
-// messageIDs are the message-ids of arrivals, in arrival order.
-func messageIDs(as []arrival) []string {
-	ids := make([]string, len(as))
-	for i, a := range as {
-		ids[i] = a.MessageId
-	}
-	return ids
 }
 
 // awaitDelivered polls c until every id the publishers' ledgers confirmed

@@ -251,7 +251,7 @@ func TestReliabilityHostile_Garbage(t *testing.T) {
 	}
 	// The proxy still serves the client that was there all along, and
 	// new ones.
-	got := consume(t, dialBroker(t), q)
+	got := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
 	publishConfirmed(t, bch, ex, "", false, delayedMsg(int32(200), "after-garbage-1"))
 	nch := confirmChannel(t, tp.dial(t))
 	publishConfirmed(t, nch, ex, "", false, delayedMsg(int32(200), "after-garbage-2"))

@@ -28,8 +28,8 @@ func TestReliabilityLoad_200Connections(t *testing.T) {
 	tp := startProxy(t, nil)
 	setup := tp.dial(t)
 	ex, dq := delayedQueue(t, testbroker.Channel(t, setup), "fanout", "")
-	pq := declareQueue(t, nil)
-	broker := dialBroker(t)
+	pq := testbroker.DeclareQueue(t, true, nil)
+	broker := testbroker.Dial(t, testbroker.URL(t))
 	got := consume(t, broker, dq)
 	inspect := testbroker.Channel(t, broker)
 	// Warm up: the releaser's connection is dialled at the first release

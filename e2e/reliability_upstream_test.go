@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -28,21 +27,11 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 	const clients = 2
 	tp := startProxy(t, nil)
 	ex, q := delayedQueue(t, testbroker.Channel(t, tp.dial(t)), "fanout", "")
-	got := consume(t, dialBroker(t), q)
+	got := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
 
 	prefix := "dp-rel upstream " + randHex(t, 4)
-	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {
-		return &crashtest.Publisher{
-			Name:     fmt.Sprintf("%s %d", prefix, i),
-			URL:      tp.URL,
-			Exchange: ex,
-			Delay:    delaySpread(uint64(i), 300*time.Millisecond, 1500*time.Millisecond, 2*time.Second, time.Second),
-			Rate:     100,
-		}
-	})
-	testwait.Until(t, 30*time.Second, "every client to have messages confirmed", func() bool {
-		return pubs.Every(func(l crashtest.Ledger) bool { return len(l.Confirmed) >= 20 })
-	})
+	pubs := startClients(clients, prefix, tp.URL, ex, 100, spread{300 * time.Millisecond, 1500 * time.Millisecond, 2 * time.Second, time.Second})
+	awaitConfirmedEach(t, pubs, 20)
 	before := pubs.Confirmed()
 	closing := time.Now()
 	if n := testbroker.CloseConnections(t, prefix); n != clients {
@@ -106,15 +95,7 @@ func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 	got := consume(t, testbroker.Dial(t, brokerURL), q)
 
 	prefix := "dp-rel releaser-test " + randHex(t, 4)
-	pubs := crashtest.StartPublishers(clients, func(i int) *crashtest.Publisher {
-		return &crashtest.Publisher{
-			Name:     fmt.Sprintf("%s %d", prefix, i),
-			URL:      func() string { return proxyURL },
-			Exchange: ex,
-			Delay:    delaySpread(uint64(i), 200*time.Millisecond, time.Second, time.Second, time.Second),
-			Rate:     150,
-		}
-	})
+	pubs := startClients(clients, prefix, func() string { return proxyURL }, ex, 150, spread{200 * time.Millisecond, time.Second, time.Second, time.Second})
 	testwait.Until(t, 30*time.Second, "releases to begin", func() bool { return len(got.snapshot()) >= 200 })
 	releaser := "delayproxy releaser " + vh
 	if k := testbroker.CloseConnections(t, releaser); k != 1 {

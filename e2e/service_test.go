@@ -11,11 +11,14 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/delayproxy/delayproxy"
+	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testlog"
+	"github.com/delayproxy/delayproxy/internal/testpaging"
 	"github.com/delayproxy/delayproxy/internal/testwait"
-	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // End-to-end tests of the operator's side of a running proxy against the
@@ -30,7 +33,7 @@ func TestService_MetricsMoveWithDelayedTraffic(t *testing.T) {
 	t.Parallel()
 	tp, ch := startConfirmed(t)
 	ex, q := delayedQueue(t, ch, "direct", "k")
-	cons := consume(t, dialBroker(t), q)
+	cons := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
 	pending := []string{"vhost", "/", "exchange", ex}
 
 	before := scrape(t, tp)
@@ -95,7 +98,7 @@ func TestService_MetricsMoveWithDelayedTraffic(t *testing.T) {
 	for _, name := range []string{"delayproxy_messages_cancelled_total", "delayproxy_messages_discarded_total", "delayproxy_messages_unroutable_total"} {
 		after.want(t, name, 0)
 	}
-	if got := ids(cons.snapshot()); !slices.Equal(got, []string{"m0", "m1", "m2", "m3", "m4"}) {
+	if got := messageIDs(cons.snapshot()); !slices.Equal(got, []string{"m0", "m1", "m2", "m3", "m4"}) {
 		t.Errorf("delivered %v", got)
 	}
 }
@@ -111,7 +114,7 @@ func TestService_ConnectionMetrics(t *testing.T) {
 
 	conn := tp.dial(t)
 	ch := testbroker.Channel(t, conn)
-	q := declareQueue(t, nil)
+	q := testbroker.DeclareQueue(t, true, nil)
 	// A relayed round trip: queue.declare (passive) and its declare-ok.
 	if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
@@ -168,20 +171,6 @@ func TestService_ConnectionMetrics(t *testing.T) {
 	}
 }
 
-// pendingJSON is one message of the admin API's list, with its body.
-type pendingJSON struct {
-	pendingMessage
-	RoutingKey string `json:"routing_key"`
-	Size       *int   `json:"size"`
-	Body       []byte `json:"body"`
-}
-
-// listPage is one page of the admin API's message list.
-type listPage struct {
-	Messages  []pendingJSON `json:"messages"`
-	NextAfter string        `json:"next_after"`
-}
-
 // TestService_AdminCountListCancel: a running proxy's admin API counts and
 // lists the pending messages of a delayed exchange (with and without bodies,
 // in pages), and cancels by message-id, by key and all of an exchange; a
@@ -192,11 +181,11 @@ func TestService_AdminCountListCancel(t *testing.T) {
 	tp, ch := startConfirmed(t)
 	ex := declareDelayed(t, ch, "direct", nil)
 	other := declareDelayed(t, ch, "fanout", nil)
-	q, qOther := declareQueue(t, nil), declareQueue(t, nil)
+	q, qOther := testbroker.DeclareQueue(t, true, nil), testbroker.DeclareQueue(t, true, nil)
 	bind(t, q, "k", ex, nil)
 	bind(t, qOther, "", other, nil)
-	cons := consume(t, dialBroker(t), q)
-	consOther := consume(t, dialBroker(t), qOther)
+	cons := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
+	consOther := consume(t, testbroker.Dial(t, testbroker.URL(t)), qOther)
 
 	// Long enough for the API calls below to come before any is due on a
 	// loaded machine; every call checks that it did.
@@ -251,26 +240,11 @@ func TestService_AdminCountListCancel(t *testing.T) {
 	}
 
 	// List in pages of 3, without bodies: release (due) order, keys chain.
-	var listed []pendingJSON
-	after := ""
-	for page := 0; ; page++ {
-		if page > 4 {
-			t.Fatal("paging does not end")
-		}
+	listed := testpaging.All(t, 3, 5, func(m pendingJSON) string { return m.Key }, func(after string) ([]pendingJSON, string) {
 		var p listPage
 		getJSON(t, tp, exchangePath(ex)+"/messages?limit=3&after="+after, &p)
-		if len(p.Messages) > 3 {
-			t.Fatalf("page of %d messages with limit=3", len(p.Messages))
-		}
-		listed = append(listed, p.Messages...)
-		if p.NextAfter == "" {
-			break
-		}
-		if p.NextAfter != p.Messages[len(p.Messages)-1].Key {
-			t.Fatalf("next_after %q is not the page's last key", p.NextAfter)
-		}
-		after = p.NextAfter
-	}
+		return p.Messages, p.NextAfter
+	})
 	if len(listed) != len(ids8) {
 		t.Fatalf("listed %d messages, want %d", len(listed), len(ids8))
 	}
@@ -348,11 +322,11 @@ func TestService_AdminCountListCancel(t *testing.T) {
 	cons.wait(t, len(wantLeft), 30*time.Second)
 	testwait.Until(t, 10*time.Second, "pending of "+ex+" to reach 0", func() bool { return tp.pending(t, ex) == 0 })
 	time.Sleep(500 * time.Millisecond) // a margin past every due time, for a message that must not come
-	if got := ids(cons.stop(t)); !slices.Equal(got, wantLeft) {
+	if got := messageIDs(cons.stop(t)); !slices.Equal(got, wantLeft) {
 		t.Errorf("delivered %v, want %v (cancelled ones must never arrive)", got, wantLeft)
 	}
 	if got := consOther.stop(t); len(got) != 0 {
-		t.Errorf("cancelled exchange delivered %v", ids(got))
+		t.Errorf("cancelled exchange delivered %v", messageIDs(got))
 	}
 	if v := tp.metric(t, "delayproxy_messages_released_total"); v != float64(len(wantLeft)) {
 		t.Errorf("delayproxy_messages_released_total = %v, want %d", v, len(wantLeft))
@@ -517,8 +491,8 @@ func TestService_HealthAndReadiness(t *testing.T) {
 	})
 	t.Run("upstream unreachable", func(t *testing.T) {
 		t.Parallel()
-		port := closedPort(t)
-		tp := startProxy(t, func(c *delayproxy.Config) { c.UpstreamURL = "amqp://guest:guest@127.0.0.1:" + port + "/" })
+		addr := crashtest.FreePort(t)
+		tp := startProxy(t, func(c *delayproxy.Config) { c.UpstreamURL = "amqp://guest:guest@" + addr + "/" })
 		if code, body := tp.httpDo(t, "GET", "/healthz"); code != 200 {
 			t.Errorf("GET /healthz = %d %q, want 200 (the process is alive)", code, body)
 		}
@@ -535,18 +509,6 @@ func TestService_HealthAndReadiness(t *testing.T) {
 			t.Error("a client connected through a proxy whose upstream is down")
 		}
 	})
-}
-
-// closedPort is a loopback TCP port nothing listens on (a moment ago).
-func closedPort(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	ln.Close()
-	return port
 }
 
 // TestService_HeartbeatFlagReachesClients: --heartbeat is what the proxy

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -55,9 +56,9 @@ func testPublishedTogether(t *testing.T, window time.Duration) {
 	tp := startProxy(t, func(c *delayproxy.Config) { c.ReleaseWindow = window })
 	ch := confirmChannel(t, tp.dial(t))
 	ex := declareDelayed(t, ch, "direct", nil)
-	q := declareQueue(t, nil) // classic, no x-max-priority: arrival order is release order
+	q := testbroker.DeclareQueue(t, true, nil) // classic, no x-max-priority: arrival order is release order
 	bind(t, q, "k", ex, nil)
-	cons := consume(t, dialBroker(t), q)
+	cons := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
 
 	inOrder, conclusive, sameMs := 0, 0, 0
 	for attempt := 0; conclusive < rounds; attempt++ {
@@ -115,7 +116,7 @@ func testPublishedTogether(t *testing.T, window time.Duration) {
 				t.Errorf("attempt %d: %s arrived %v before its due time", attempt, a.MessageId, due.Sub(a.At))
 			}
 		}
-		order := ids(got)
+		order := messageIDs(got)
 		byPriority := slices.Equal(order, []string{fmt.Sprintf("%d/9", attempt), fmt.Sprintf("%d/5", attempt), fmt.Sprintf("%d/1", attempt)})
 		if window == 0 {
 			// Equal due times go by priority. Different ones go in due

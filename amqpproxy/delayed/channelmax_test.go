@@ -2,7 +2,6 @@ package delayed_test
 
 import (
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
 // TestChannelMaxDelayedPublishOnTheLastChannel: the permission check of a
@@ -21,48 +21,45 @@ import (
 // and the refusal is RabbitMQ's own 403. On RabbitMQ 3.10 and 4.3.
 func TestChannelMaxDelayedPublishOnTheLastChannel(t *testing.T) {
 	t.Parallel()
-	for _, b := range wireBrokers(t) {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			r := startWireRelay(t, b, delayed.Config{}, amqpproxy.Config{})
-			ex, _ := r.declare(t)
-			conn, err := amqp.Dial(r.url("guest", "guest"))
+	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
+		r := startWireRelay(t, b, delayed.Config{}, amqpproxy.Config{})
+		ex, _ := r.declare(t)
+		conn, err := amqp.Dial(r.url("guest", "guest"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		max := int(conn.Config.ChannelMax)
+		if max != 2047 {
+			t.Fatalf("negotiated channel_max %d through the proxy, RabbitMQ's is 2047", max)
+		}
+		chans := make([]*amqp.Channel, 0, max)
+		for range max {
+			ch, err := conn.Channel()
 			if err != nil {
+				t.Fatalf("channel %d of %d: %v", len(chans)+1, max, err)
+			}
+			chans = append(chans, ch)
+		}
+		for i, ch := range []*amqp.Channel{chans[max-1], chans[0]} {
+			if err := ch.Confirm(false); err != nil {
 				t.Fatal(err)
 			}
-			defer conn.Close()
-			max := int(conn.Config.ChannelMax)
-			if max != 2047 {
-				t.Fatalf("negotiated channel_max %d through the proxy, RabbitMQ's is 2047", max)
-			}
-			chans := make([]*amqp.Channel, 0, max)
-			for range max {
-				ch, err := conn.Channel()
+			for n := range 3 {
+				dc, err := ch.PublishWithDeferredConfirm(ex, "k", false, false, amqp.Publishing{
+					Headers: amqp.Table{"x-delay": int32(3600_000)}, Body: fmt.Appendf(nil, "%d-%d", i, n)})
 				if err != nil {
-					t.Fatalf("channel %d of %d: %v", len(chans)+1, max, err)
-				}
-				chans = append(chans, ch)
-			}
-			for i, ch := range []*amqp.Channel{chans[max-1], chans[0]} {
-				if err := ch.Confirm(false); err != nil {
 					t.Fatal(err)
 				}
-				for n := range 3 {
-					dc, err := ch.PublishWithDeferredConfirm(ex, "k", false, false, amqp.Publishing{
-						Headers: amqp.Table{"x-delay": int32(3600_000)}, Body: fmt.Appendf(nil, "%d-%d", i, n)})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if !dc.Wait() {
-						t.Fatalf("delayed publish %d on channel %d nacked", n, []int{max, 1}[i])
-					}
+				if !dc.Wait() {
+					t.Fatalf("delayed publish %d on channel %d nacked", n, []int{max, 1}[i])
 				}
 			}
-			if n := r.stored(t, ex); n != 6 {
-				t.Fatalf("%d messages stored, want 6", n)
-			}
-		})
-	}
+		}
+		if n := r.stored(t, ex); n != 6 {
+			t.Fatalf("%d messages stored, want 6", n)
+		}
+	})
 }
 
 // TestProbeConnectionLivesWithTheSession: the probe connection is made on
@@ -72,8 +69,7 @@ func TestChannelMaxDelayedPublishOnTheLastChannel(t *testing.T) {
 // connection does.
 func TestProbeConnectionLivesWithTheSession(t *testing.T) {
 	t.Parallel()
-	b := wireBrokers(t)[0]
-	r := startWireRelay(t, b, delayed.Config{}, amqpproxy.Config{})
+	r := startWireRelay(t, testbroker.Default(t), delayed.Config{}, amqpproxy.Config{})
 	ex, _ := r.declare(t)
 	name := fmt.Sprintf("dp-wire-probe-%d", time.Now().UnixNano())
 	cfg := amqp.Config{Properties: amqp.Table{"connection_name": name}}
@@ -114,9 +110,6 @@ func TestProbeConnectionLivesWithTheSession(t *testing.T) {
 // connection_name has name in it, and those whose name starts with it.
 func connectionsNamed(t *testing.T, name string) (named, starting int) {
 	t.Helper()
-	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "client_properties").CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl list_connections: %v\n%s", err, out)
-	}
-	return strings.Count(string(out), name+`"}`), strings.Count(string(out), `{"connection_name","`+name)
+	out := testbroker.Ctl(t, "list_connections", "client_properties")
+	return strings.Count(out, name+`"}`), strings.Count(out, `{"connection_name","`+name)
 }

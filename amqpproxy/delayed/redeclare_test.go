@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
@@ -70,17 +71,10 @@ func deleteOnBroker(t *testing.T, name string) {
 // inequivalent argument. Equivalent redeclares succeed; nothing changes
 // the registered exchange or the real one.
 func TestRedeclareInequivalent(t *testing.T) {
-	r := startRelay(t)
-	proxy, err := amqp.Dial(r.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	broker, err := amqp.Dial(testbroker.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer broker.Close()
+	b := testbroker.Default(t)
+	r := startWireRelay(t, b, delayed.Config{}, amqpproxy.Config{})
+	proxy := testbroker.Dial(t, r.url("guest", "guest"))
+	broker := testbroker.Dial(t, b.URL)
 
 	stamp := time.Now().UnixNano()
 	ex := fmt.Sprintf("dp-delayed.redeclare.%d", stamp)

@@ -14,6 +14,7 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/internal/rawamqp"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
 // A refusal the proxy makes itself reaches the client as RabbitMQ's own
@@ -64,10 +65,10 @@ func TestRefusalReachesAmqpPublish(t *testing.T) {
 	if _, err := exec.LookPath("amqp-publish"); err != nil {
 		t.Fatalf("amqp-publish not installed (apt-get install amqp-tools; .ci/clients does): %v", err)
 	}
-	for _, b := range wireBrokers(t) {
-		t.Run(b.name+"/RabbitMQ's own: missing exchange", func(t *testing.T) {
+	for _, b := range testbroker.Brokers(t) {
+		t.Run(b.Name+"/RabbitMQ's own: missing exchange", func(t *testing.T) {
 			t.Parallel()
-			u := strings.TrimSuffix(b.url, "/") + "/%2f"
+			u := strings.TrimSuffix(b.URL, "/") + "/%2f"
 			code, stderr := amqpPublish(t, u, "dp-wire.no-such-exchange", "hello")
 			if want := "server channel error 404, message: NOT_FOUND - no exchange 'dp-wire.no-such-exchange'"; code != 1 || !strings.Contains(stderr, want) {
 				t.Fatalf("amqp-publish straight to RabbitMQ: exit %d, stderr %q; want 1 and %q", code, stderr, want)
@@ -77,12 +78,11 @@ func TestRefusalReachesAmqpPublish(t *testing.T) {
 		userMade := false
 		for _, tc := range refusalCases {
 			if tc.user && !userMade {
-				b.rabbitmqctl(t, "add_user", user, pass)
-				t.Cleanup(func() { b.rabbitmqctl(t, "delete_user", user) })
-				b.rabbitmqctl(t, "set_permissions", "-p", "/", user, "", "", ".*")
+				b.AddUser(t, user, pass)
+				b.Ctl(t, "set_permissions", "-p", "/", user, "", "", ".*")
 				userMade = true
 			}
-			t.Run(b.name+"/"+tc.name, func(t *testing.T) {
+			t.Run(b.Name+"/"+tc.name, func(t *testing.T) {
 				t.Parallel()
 				r := startWireRelay(t, b, tc.dcfg, tc.pcfg)
 				ex, _ := r.declare(t)
@@ -95,7 +95,7 @@ func TestRefusalReachesAmqpPublish(t *testing.T) {
 				}
 				text := tc.text
 				if text == "" {
-					direct := strings.TrimSuffix(b.url, "/") + "/%2f"
+					direct := strings.TrimSuffix(b.URL, "/") + "/%2f"
 					if tc.user {
 						direct = strings.Replace(direct, "guest:guest@", user+":"+pass+"@", 1)
 					}
@@ -222,21 +222,18 @@ func refusalFrames(t *testing.T, addr, exchange string, headers map[string]any) 
 // its code.
 func TestRefusalFramesMatchRabbitMQ(t *testing.T) {
 	t.Parallel()
-	for _, b := range wireBrokers(t) {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			direct := refusalFrames(t, b.addr, "dp-wire.no-such-exchange", nil)
-			checkRefusalFrames(t, "RabbitMQ, missing exchange", direct, wire.NotFound)
+	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
+		direct := refusalFrames(t, b.Addr(t), "dp-wire.no-such-exchange", nil)
+		checkRefusalFrames(t, "RabbitMQ, missing exchange", direct, wire.NotFound)
 
-			r := startWireRelay(t, b, delayed.Config{}, amqpproxy.Config{})
-			ex, _ := r.declare(t)
-			checkRefusalFrames(t, "proxy, invalid x-delay", refusalFrames(t, r.addr, ex, map[string]any{"x-delay": "abc"}), wire.PreconditionFailed)
-			if err := r.st.Close(); err != nil {
-				t.Fatal(err)
-			}
-			checkRefusalFrames(t, "proxy, store failure", refusalFrames(t, r.addr, ex, map[string]any{"x-delay": int32(1000)}), wire.ResourceError)
-		})
-	}
+		r := startWireRelay(t, b, delayed.Config{}, amqpproxy.Config{})
+		ex, _ := r.declare(t)
+		checkRefusalFrames(t, "proxy, invalid x-delay", refusalFrames(t, r.addr, ex, map[string]any{"x-delay": "abc"}), wire.PreconditionFailed)
+		if err := r.st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		checkRefusalFrames(t, "proxy, store failure", refusalFrames(t, r.addr, ex, map[string]any{"x-delay": int32(1000)}), wire.ResourceError)
+	})
 }
 
 func checkRefusalFrames(t *testing.T, who string, got []wire.Method, code uint16) {

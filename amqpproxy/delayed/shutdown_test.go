@@ -2,11 +2,7 @@ package delayed_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,104 +12,8 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
-	"github.com/delayproxy/delayproxy/internal/testlog"
-	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/internal/testwait"
-	"github.com/delayproxy/delayproxy/store"
-	"github.com/delayproxy/delayproxy/store/boltstore"
 )
-
-// nopScheduler is the Scheduler of a proxy that never releases: these
-// tests look at what was stored. Nothing being in flight, it deletes
-// exchanges straight from the store.
-type nopScheduler struct{ st store.Store }
-
-func (nopScheduler) Added(...*store.Message) {}
-func (nopScheduler) Cancelled(...store.Key)  {}
-func (s nopScheduler) DeleteExchange(ctx context.Context, vhost, name string) error {
-	_, err := s.st.DeleteExchange(ctx, vhost, name)
-	return err
-}
-
-// relay is an amqpproxy.Server with the delayed-exchange interceptor over
-// a real store, in front of the test broker.
-type relay struct {
-	srv    *amqpproxy.Server
-	icpt   *delayed.Interceptor
-	st     *boltstore.Store
-	url    string // the proxy's URL with the broker's credentials
-	served chan error
-	once   sync.Once
-}
-
-// startRelay starts a relay; it is closed in t.Cleanup (see relay.close).
-func startRelay(t *testing.T) *relay {
-	t.Helper()
-	st := teststore.Open(t, "", boltstore.Options{}) // checked after r.close
-	log := testlog.New()
-	icpt := delayed.New(delayed.Config{Store: st, Scheduler: nopScheduler{st}, Logger: log})
-	srv, err := amqpproxy.New(amqpproxy.Config{Upstream: testbroker.URL(t), Interceptor: icpt, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(testbroker.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Host = l.Addr().String()
-	r := &relay{srv: srv, icpt: icpt, st: st, url: u.String(), served: make(chan error, 1)}
-	go func() { r.served <- srv.Serve(l) }()
-	t.Cleanup(func() { r.close(t) })
-	return r
-}
-
-// close closes the server (if Shutdown did not) and waits for the
-// interceptor.
-func (r *relay) close(t *testing.T) {
-	r.once.Do(func() {
-		r.srv.Close()
-		if err := <-r.served; !errors.Is(err, amqpproxy.ErrServerClosed) {
-			t.Errorf("Serve: %v", err)
-		}
-		r.icpt.Close()
-	})
-}
-
-// storedIDs lists the message-ids stored for a delayed exchange in "/".
-func (r *relay) storedIDs(t *testing.T, exchange string) map[string]bool {
-	t.Helper()
-	ids := map[string]bool{}
-	var after store.Key
-	for {
-		page, err := r.st.List("/", exchange, after, 10000, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range page {
-			ids[m.MessageID] = true
-		}
-		if len(page) == 0 {
-			return ids
-		}
-		after = page[len(page)-1].Key
-	}
-}
-
-// declareDelayed declares a delayed direct exchange through the proxy and
-// deletes it on the broker in t.Cleanup.
-func declareDelayed(t *testing.T, proxyURL string) string {
-	t.Helper()
-	name := fmt.Sprintf("dp-delayed.%s.%d", t.Name(), time.Now().UnixNano())
-	testbroker.WithChannel(t, proxyURL, func(ch *amqp.Channel) error {
-		return ch.ExchangeDeclare(name, delayed.TypeDelayed, false, false, false, false, amqp.Table{"x-delayed-type": "direct"})
-	})
-	t.Cleanup(func() { testbroker.DeleteExchange(t, name) })
-	return name
-}
 
 // TestShutdownConfirmsEveryStoredPublish: pipelined confirm-mode publishers
 // on a delayed exchange, Server.Shutdown mid-stream: every publish the
@@ -121,14 +21,15 @@ func declareDelayed(t *testing.T, proxyURL string) string {
 // and everything confirmed was stored.
 func TestShutdownConfirmsEveryStoredPublish(t *testing.T) {
 	t.Parallel()
-	r := startRelay(t)
-	ex := declareDelayed(t, r.url)
+	r := startWireRelay(t, testbroker.Default(t), delayed.Config{}, amqpproxy.Config{})
+	ex, _ := r.declare(t)
+	u := r.url("guest", "guest")
 
 	const publishers = 4
 	pubs := crashtest.StartPublishers(publishers, func(n int) *crashtest.Publisher {
 		return &crashtest.Publisher{
 			Name:     fmt.Sprintf("dp-delayed shutdown %d", n),
-			URL:      func() string { return r.url },
+			URL:      func() string { return u },
 			Exchange: ex,
 			Delay:    func(uint64) time.Duration { return time.Hour },
 			Window:   64,
@@ -150,7 +51,6 @@ func TestShutdownConfirmsEveryStoredPublish(t *testing.T) {
 	ledgers := pubs.Stop()
 	r.icpt.Wait() // every publish the interceptor took is stored or failed
 	stored := r.storedIDs(t, ex)
-	r.close(t)
 
 	confirmed := map[string]bool{}
 	for n, l := range ledgers {

@@ -46,6 +46,12 @@ func Brokers(t testing.TB) []Broker {
 	return []Broker{Default(t), v43}
 }
 
+// Addr is the broker's host:port (Addr of its URL).
+func (b Broker) Addr(t testing.TB) string {
+	t.Helper()
+	return Addr(t, b.URL)
+}
+
 // Each runs f on each broker as a parallel subtest of t named after it.
 func Each(t *testing.T, f func(t *testing.T, b Broker)) {
 	t.Helper()

@@ -1,6 +1,7 @@
 package testbroker
 
 import (
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -53,6 +54,27 @@ func DeleteExchange(t testing.TB, name string) {
 func (b Broker) DeleteExchange(t testing.TB, name string) {
 	t.Helper()
 	WithChannel(t, b.URL, func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+}
+
+// DeclareQueue declares a queue on the default broker (Broker.DeclareQueue).
+func DeclareQueue(t testing.TB, durable bool, args amqp.Table) string {
+	t.Helper()
+	return Default(t).DeclareQueue(t, durable, args)
+}
+
+// DeclareQueue declares a queue named UniqueName(t, "q") with args on the
+// broker, durable or not, and deletes it in t.Cleanup.
+func (b Broker) DeclareQueue(t testing.TB, durable bool, args amqp.Table) string {
+	t.Helper()
+	name := UniqueName(t, "q")
+	WithChannel(t, b.URL, func(ch *amqp.Channel) error {
+		if _, err := ch.QueueDeclare(name, durable, false, false, false, args); err != nil {
+			return fmt.Errorf("declare queue %v: %w", args, err)
+		}
+		return nil
+	})
+	t.Cleanup(func() { b.DeleteQueue(t, name) })
+	return name
 }
 
 // redacted is u without its password, for messages.

@@ -22,13 +22,19 @@ func (b Broker) Ctl(t testing.TB, args ...string) string {
 	return b.run(t, "", args...)
 }
 
-// AddUser creates a user on the default broker without permissions (grant them with
-// Ctl and set_permissions) and deletes it in t.Cleanup. Its password
-// appears in no failure message.
+// AddUser creates a user on the default broker (Broker.AddUser).
 func AddUser(t testing.TB, user, password string) {
 	t.Helper()
-	Default(t).run(t, password, "add_user", user, password)
-	t.Cleanup(func() { Ctl(t, "delete_user", user) })
+	Default(t).AddUser(t, user, password)
+}
+
+// AddUser creates a user on the broker without permissions (grant them
+// with Ctl and set_permissions) and deletes it in t.Cleanup. Its password
+// appears in no failure message.
+func (b Broker) AddUser(t testing.TB, user, password string) {
+	t.Helper()
+	b.run(t, password, "add_user", user, password)
+	t.Cleanup(func() { b.Ctl(t, "delete_user", user) })
 }
 
 // run is Ctl with secret (when not "") hidden in failure messages.

@@ -4,8 +4,8 @@
 // run on each broker (Brokers, Each). For either it gives the address,
 // client connections and channels (Dial, Channel, to it or to a proxy in
 // front of it), one-off channels for setup and cleanup (WithChannel,
-// DeleteQueue, DeleteExchange), and its rabbitmqctl (Ctl, AddUser,
-// CloseConnections). A test that needs a broker fails when it is
+// DeclareQueue, DeleteQueue, DeleteExchange), and its rabbitmqctl (Ctl,
+// AddUser, CloseConnections). A test that needs a broker fails when it is
 // unreachable: it never skips, so CI cannot pass without having talked to
 // RabbitMQ.
 package testbroker
