@@ -26,10 +26,12 @@ import (
 //
 //	go test -run '^$' -bench Load_1000 -benchtime 1x ./bench/
 //
-// Each proxied connection is a connection to RabbitMQ too: when RabbitMQ's
-// file-descriptor limit (its ulimit; 1024 gives 832 sockets) leaves no
-// room for 1,000, the run is sized down to what fits, leaving 100 for
-// everyone else, and says so ("conns"). DELAYPROXY_LOAD_CONNS overrides.
+// Each proxied connection is a connection to RabbitMQ too, and one that
+// publishes delayed messages a second one, its permission probe's: when
+// RabbitMQ's file-descriptor limit (its ulimit; 1024 gives 832 sockets)
+// leaves no room for 2,000, the run is sized down to what fits, leaving 100
+// for everyone else, and says so ("conns"). DELAYPROXY_LOAD_CONNS
+// overrides.
 func BenchmarkLoad_1000Connections(b *testing.B) {
 	n := 1000
 	if s := os.Getenv("DELAYPROXY_LOAD_CONNS"); s != "" {
@@ -38,9 +40,9 @@ func BenchmarkLoad_1000Connections(b *testing.B) {
 			b.Fatalf("DELAYPROXY_LOAD_CONNS=%q: want a positive number", s)
 		}
 		n = v
-	} else if room, limit := crashtest.BrokerRoom(b); room-100 < n {
-		n = room - 100
-		b.Logf("RabbitMQ has room for %d more connections (sockets limit %d): sized down to %d", room, limit, n)
+	} else if room, limit := crashtest.BrokerRoom(b); (room-100)/2 < n {
+		n = (room - 100) / 2
+		b.Logf("RabbitMQ has room for %d more connections (sockets limit %d), two per proxied connection: sized down to %d", room, limit, n)
 	}
 	benchLoad(b, n, 15*time.Second)
 }
