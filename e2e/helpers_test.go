@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/delayproxy/delayproxy"
+	"github.com/delayproxy/delayproxy/admin"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testlog"
 	"github.com/delayproxy/delayproxy/internal/testpaging"
@@ -522,36 +523,17 @@ func (tp *testProxy) pending(t testing.TB, exchange string) int64 {
 	return tp.exchangeIn(t, "/", exchange).Pending
 }
 
-// pendingJSON is one message of the admin API's list; Size and Body only
-// with body=true.
-type pendingJSON struct {
-	Key        string `json:"key"`
-	DueMs      int64  `json:"due_ms"`
-	DelayMs    int64  `json:"delay_ms"`
-	Priority   uint8  `json:"priority"`
-	MessageID  string `json:"message_id"`
-	RoutingKey string `json:"routing_key"`
-	Size       *int   `json:"size"`
-	Body       []byte `json:"body"`
-}
-
-// listPage is one page of the admin API's message list.
-type listPage struct {
-	Messages  []pendingJSON `json:"messages"`
-	NextAfter string        `json:"next_after"`
-}
-
 // listPending lists every pending message of a delayed exchange in vhost
 // "/", in release order, through the admin API's pages.
-func (tp *testProxy) listPending(t testing.TB, exchange string) []pendingJSON {
+func (tp *testProxy) listPending(t testing.TB, exchange string) []admin.Message {
 	t.Helper()
-	key := func(m pendingJSON) string { return m.Key }
-	return testpaging.All(t, 1000, math.MaxInt, key, func(after string) ([]pendingJSON, string) {
+	key := func(m admin.Message) string { return m.Key }
+	return testpaging.All(t, 1000, math.MaxInt, key, func(after string) ([]admin.Message, string) {
 		path := exchangePath(exchange) + "/messages?limit=1000"
 		if after != "" {
 			path += "&after=" + after
 		}
-		var page listPage
+		var page admin.MessagePage
 		getJSON(t, tp, path, &page)
 		return page.Messages, page.NextAfter
 	})

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy"
+	"github.com/delayproxy/delayproxy/admin"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testlog"
@@ -240,8 +241,8 @@ func TestService_AdminCountListCancel(t *testing.T) {
 	}
 
 	// List in pages of 3, without bodies: release (due) order, keys chain.
-	listed := testpaging.All(t, 3, 5, func(m pendingJSON) string { return m.Key }, func(after string) ([]pendingJSON, string) {
-		var p listPage
+	listed := testpaging.All(t, 3, 5, func(m admin.Message) string { return m.Key }, func(after string) ([]admin.Message, string) {
+		var p admin.MessagePage
 		getJSON(t, tp, exchangePath(ex)+"/messages?limit=3&after="+after, &p)
 		return p.Messages, p.NextAfter
 	})
@@ -268,7 +269,7 @@ func TestService_AdminCountListCancel(t *testing.T) {
 		keys[m.Key] = true
 	}
 	// With bodies.
-	var withBody listPage
+	var withBody admin.MessagePage
 	getJSON(t, tp, exchangePath(ex)+"/messages?body=true&limit=100", &withBody)
 	if len(withBody.Messages) != len(ids8) || withBody.NextAfter != "" {
 		t.Fatalf("body=true lists %d messages (next %q), want %d in one page", len(withBody.Messages), withBody.NextAfter, len(ids8))
