@@ -2,11 +2,9 @@ package delayproxy
 
 import (
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"math"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,7 +12,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/admin"
-	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/delayproxy/delayproxy/internal/amqpurl"
 )
 
 // Limits and defaults that follow RabbitMQ 3.10's own.
@@ -203,22 +201,11 @@ func checkHostPort(addr string) error {
 	return nil
 }
 
-// checkAMQPURL accepts what the releaser and the dialler will: amqp:// or
-// amqps:// with a host.
+// checkAMQPURL accepts what the releaser and the proxy's dialler will
+// (amqpurl.Parse): amqp:// or amqps:// with a host.
 func checkAMQPURL(s string) error {
-	u, err := amqp.ParseURI(s)
-	if err != nil {
-		// url.Error repeats the URL, password included: keep only its cause.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			return fmt.Errorf("not a valid URL: %v", ue.Err)
-		}
-		return fmt.Errorf("%s: %v", redactURL(s), err)
-	}
-	if u.Host == "" {
-		return fmt.Errorf("%s: no host", redactURL(s))
-	}
-	return nil
+	_, err := amqpurl.Parse(s, nil)
+	return err
 }
 
 // ReleaseAccountURL is the URL the releaser connects with: ReleaseURL, or

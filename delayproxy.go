@@ -9,11 +9,10 @@ import (
 	"sync"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/delayproxy/delayproxy/admin"
 	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
+	"github.com/delayproxy/delayproxy/internal/amqpurl"
 	"github.com/delayproxy/delayproxy/metrics"
 	"github.com/delayproxy/delayproxy/releaser"
 	"github.com/delayproxy/delayproxy/scheduler"
@@ -219,12 +218,12 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 
 // dialUpstream checks that RabbitMQ accepts TCP connections.
 func dialUpstream(ctx context.Context, rawURL string) error {
-	u, err := amqp.ParseURI(rawURL)
+	up, err := amqpurl.Parse(rawURL, nil)
 	if err != nil {
 		return err
 	}
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(u.Host, fmt.Sprint(u.Port)))
+	c, err := d.DialContext(ctx, "tcp", up.HostPort)
 	if err != nil {
 		return fmt.Errorf("upstream unreachable: %w", err)
 	}

@@ -152,7 +152,7 @@ func (s *session) probeFailed(ctx context.Context, err error) error {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	}
-	s.log.Warn("cannot check publish permission", "upstream", s.srv.up.hostport, "err", err)
+	s.log.Warn("cannot check publish permission", "upstream", s.srv.up.HostPort, "err", err)
 	return fmt.Errorf("amqpproxy: permission probe: %w", err)
 }
 

@@ -80,7 +80,7 @@ func (s *session) handshake(ctx context.Context) bool {
 		return s.upstreamHandshakeFailed(cw, upErr)
 	}
 	if err := writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: startOkPayload})); err != nil {
-		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.hostport, err))
+		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.HostPort, err))
 	}
 
 	// Login: RabbitMQ may challenge (relayed), refuse, or tune.
@@ -116,7 +116,7 @@ func (s *session) handshake(ctx context.Context) bool {
 			err = fmt.Errorf("unexpected %v from upstream", id)
 		}
 		if err != nil {
-			return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.hostport, err))
+			return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.HostPort, err))
 		}
 		break
 	}
@@ -141,7 +141,7 @@ func (s *session) handshake(ctx context.Context) bool {
 	}
 	// RabbitMQ judges the client's tune-ok as it would judge it directly.
 	if err := writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload})); err != nil {
-		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.hostport, err))
+		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.HostPort, err))
 	}
 
 	f, err = readMethod(s.cr, wire.IDConnectionOpen)
@@ -155,7 +155,7 @@ func (s *session) handshake(ctx context.Context) bool {
 		return false
 	}
 	if err := writeFrame(uw, wire.AppendFrame(nil, wire.Frame{Type: wire.FrameMethod, Channel: 0, Payload: f.Payload})); err != nil {
-		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.hostport, err))
+		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.HostPort, err))
 	}
 	s.info.VHost = open.VirtualHost
 	s.log = s.log.With("vhost", open.VirtualHost)
@@ -172,7 +172,7 @@ func (s *session) handshake(ctx context.Context) bool {
 		s.relayHandshakeClose(cw, uw, f.Payload)
 		return false
 	default:
-		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.hostport, fmt.Errorf("unexpected %v from upstream", id)))
+		return s.upstreamHandshakeFailed(cw, upstreamFailed(s.srv.up.HostPort, fmt.Errorf("unexpected %v from upstream", id)))
 	}
 	// From here a shutdown closes the connection with 320 rather than
 	// hanging up (see session.shutdown).
@@ -231,7 +231,7 @@ func (s *session) handshake(ctx context.Context) bool {
 // connection.start, with the writer of the upstream socket. The error
 // says why RabbitMQ cannot be reached, in words for the client.
 func (s *session) greetUpstream(ctx context.Context, deadline time.Time) (*wire.Writer, *wire.ConnectionStart, error) {
-	hostport := s.srv.up.hostport
+	hostport := s.srv.up.HostPort
 	up, err := s.dialUpstream(ctx, deadline)
 	if err != nil {
 		return nil, nil, fmt.Errorf("RabbitMQ at %s is unreachable: %w", hostport, err)
@@ -285,13 +285,13 @@ func (srv *Server) dial(ctx context.Context, deadline time.Time) (net.Conn, erro
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	d := net.Dialer{Timeout: srv.cfg.DialTimeout}
-	c, err := d.DialContext(ctx, "tcp", srv.up.hostport)
+	c, err := d.DialContext(ctx, "tcp", srv.up.HostPort)
 	if err != nil {
 		return nil, err
 	}
 	setNoDelay(c)
-	if srv.up.tls != nil {
-		tc := tls.Client(c, srv.up.tls)
+	if srv.up.TLS != nil {
+		tc := tls.Client(c, srv.up.TLS)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			c.Close()
 			return nil, err
@@ -304,7 +304,7 @@ func (srv *Server) dial(ctx context.Context, deadline time.Time) (net.Conn, erro
 // upstreamHandshakeFailed tells the client, with 320 CONNECTION_FORCED,
 // why RabbitMQ could not be reached or spoke out of turn.
 func (s *session) upstreamHandshakeFailed(cw *wire.Writer, err error) bool {
-	s.log.Warn("closing the client connection", "upstream", s.srv.up.hostport, "err", err)
+	s.log.Warn("closing the client connection", "upstream", s.srv.up.HostPort, "err", err)
 	e := &wire.Error{Code: wire.ConnectionForced, Text: "delayproxy: " + err.Error()}
 	if writeFrame(cw, connCloseFrame(e)) == nil {
 		s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/amqpurl"
 )
 
 // Config configures a Server. Zero values take the defaults noted.
@@ -94,7 +95,7 @@ func (noMetrics) PublishTooLarge()       {}
 // connection to RabbitMQ.
 type Server struct {
 	cfg Config
-	up  upstreamAddr
+	up  amqpurl.Endpoint // RabbitMQ; its user and password are not used: each client logs in with its own
 	log *slog.Logger
 	tls *tls.Config
 
@@ -143,9 +144,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = noMetrics{}
 	}
-	up, err := parseUpstream(cfg.Upstream, cfg.UpstreamTLS)
+	up, err := amqpurl.Parse(cfg.Upstream, cfg.UpstreamTLS)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("amqpproxy: upstream %w", err)
 	}
 	tlsConf := cfg.TLS
 	if tlsConf == nil && (cfg.CertFile != "" || cfg.KeyFile != "") {

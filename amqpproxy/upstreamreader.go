@@ -38,7 +38,7 @@ func (s *session) upstreamReadFailed(err error) {
 		if isTimeout(err) {
 			reason = "upstream missed heartbeats"
 		}
-		s.log.Warn(reason+", closing the client connection", "upstream", s.srv.up.hostport, "err", err)
+		s.log.Warn(reason+", closing the client connection", "upstream", s.srv.up.HostPort, "err", err)
 		s.sendTo(clientSide, connCloseFrame(&wire.Error{Code: wire.ConnectionForced, Text: "delayproxy: " + reason}))
 		s.client.setDeadlineBefore(time.Now().Add(s.srv.cfg.CloseTimeout))
 	case connClientClosing:

@@ -9,43 +9,12 @@ import (
 	"net"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/amqpurl"
 )
-
-// account is where and as whom the releaser logs in to RabbitMQ.
-type account struct {
-	hostport   string
-	tls        *tls.Config // nil for amqp://
-	user, pass string
-}
-
-// parseAccount reads an amqp:// or amqps:// URL as amqp091-go does (guest
-// and guest when it names no user, ports 5672 and 5671). Its vhost is not
-// used: the releaser connects to each vhost it releases to.
-func parseAccount(rawURL string, tlsConf *tls.Config) (account, error) {
-	u, err := amqp.ParseURI(rawURL)
-	if err != nil {
-		return account{}, err
-	}
-	a := account{hostport: net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), user: u.Username, pass: u.Password}
-	if u.Scheme == "amqps" {
-		if tlsConf == nil {
-			a.tls = &tls.Config{}
-		} else {
-			a.tls = tlsConf.Clone()
-		}
-		if a.tls.ServerName == "" {
-			a.tls.ServerName = u.Host
-		}
-	}
-	return a, nil
-}
 
 // preTuneFrameMax bounds the frames read before tune: connection.start
 // with RabbitMQ's server properties, or a close.
@@ -65,12 +34,12 @@ func (r *Releaser) dial(ctx context.Context, vhost string) (*conn, error) {
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	var d net.Dialer
-	sock, err := d.DialContext(ctx, "tcp", r.acct.hostport)
+	sock, err := d.DialContext(ctx, "tcp", r.acct.HostPort)
 	if err != nil {
 		return nil, err
 	}
-	if r.acct.tls != nil {
-		tc := tls.Client(sock, r.acct.tls)
+	if r.acct.TLS != nil {
+		tc := tls.Client(sock, r.acct.TLS)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			sock.Close()
 			return nil, fmt.Errorf("TLS: %w", err)
@@ -111,7 +80,7 @@ func (r *Releaser) dial(ctx context.Context, vhost string) (*conn, error) {
 // handshake opens the connection and the release channel, synchronously,
 // before the reader starts. A refusal from RabbitMQ (403 login, 530 vhost)
 // is its *wire.Error.
-func (c *conn) handshake(rd *wire.Reader, acct account, name string, heartbeat time.Duration) error {
+func (c *conn) handshake(rd *wire.Reader, acct amqpurl.Endpoint, name string, heartbeat time.Duration) error {
 	if _, err := c.sock.Write(wire.ProtocolHeader[:]); err != nil {
 		return err
 	}
@@ -137,7 +106,7 @@ func (c *conn) handshake(rd *wire.Reader, acct account, name string, heartbeat t
 		return err
 	}
 	if err := c.send(0, &wire.ConnectionStartOk{ClientProperties: props, Mechanism: "PLAIN",
-		Response: []byte("\x00" + acct.user + "\x00" + acct.pass), Locale: "en_US"}); err != nil {
+		Response: []byte("\x00" + acct.User + "\x00" + acct.Password), Locale: "en_US"}); err != nil {
 		return err
 	}
 	m, err = expect(c, rd, 0, wire.IDConnectionTune)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/amqpurl"
 	"github.com/delayproxy/delayproxy/store"
 )
 
@@ -82,7 +83,7 @@ type Config struct {
 // Releaser publishes due messages upstream; see the package doc.
 type Releaser struct {
 	cfg  Config
-	acct account
+	acct amqpurl.Endpoint
 
 	mu      sync.Mutex // guards conns, dialled, failed, dials and closed
 	conns   map[string]*conn
@@ -102,7 +103,7 @@ type Releaser struct {
 // New checks cfg and returns a Releaser; it dials nothing until the first
 // release.
 func New(cfg Config) (*Releaser, error) {
-	acct, err := parseAccount(cfg.URL, cfg.TLS)
+	acct, err := amqpurl.Parse(cfg.URL, cfg.TLS)
 	if err != nil {
 		return nil, fmt.Errorf("releaser: release URL: %w", err)
 	}

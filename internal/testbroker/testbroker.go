@@ -14,10 +14,11 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/delayproxy/delayproxy/internal/amqpurl"
 )
 
 // DefaultURL is used when AMQP_URL is not set.
@@ -48,18 +49,11 @@ func reachable(t testing.TB, env, u, start string) string {
 // Addr is the host:port of an AMQP URL, with AMQP's default ports.
 func Addr(t testing.TB, rawURL string) string {
 	t.Helper()
-	pu, err := url.Parse(rawURL)
+	e, err := amqpurl.Parse(rawURL, nil)
 	if err != nil {
 		t.Fatalf("testbroker: AMQP URL %q: %v", redacted(rawURL), err)
 	}
-	if pu.Port() != "" {
-		return pu.Host
-	}
-	port := "5672"
-	if pu.Scheme == "amqps" {
-		port = "5671"
-	}
-	return net.JoinHostPort(pu.Hostname(), port)
+	return e.HostPort
 }
 
 // UniqueName is an exchange or queue name no other test, run or machine
