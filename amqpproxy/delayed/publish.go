@@ -132,11 +132,12 @@ func (h *connHooks) checkPublish(def *store.ExchangeDef, routingKey string) erro
 }
 
 // storer stores the connection's delayed publishes in the order they came,
-// batching whatever queued up during the previous commit, and answers them.
+// batching whatever queued up during the previous commit (up to the whole
+// queue), and answers them.
 func (h *connHooks) storer() {
 	defer h.i.wg.Done()
-	batch := make([]*job, 0, 64)
-	msgs := make([]*store.Message, 0, 64)
+	batch := make([]*job, 0, cap(h.queue))
+	msgs := make([]*store.Message, 0, cap(h.queue))
 	for j := range h.queue {
 		batch = append(batch[:0], j)
 	more:
