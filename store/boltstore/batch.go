@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"math"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -91,14 +92,7 @@ func (b *batch) apply(r *request) error {
 			r.n = 1
 		}
 	case opCancelID:
-		prefix := idPrefix([]byte(r.vhost), []byte(r.name), []byte(r.id))
-		var keys []store.Key
-		c := b.ids.Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			if len(k) == len(prefix)+store.KeySize {
-				keys = append(keys, store.Key(k[len(prefix):]))
-			}
-		}
+		keys := b.idKeys(r.vhost, r.name, r.id)
 		d, known := b.exchange(exKey{r.vhost, r.name})
 		for _, k := range keys {
 			inc, found, err := b.remove(k)
@@ -197,6 +191,27 @@ func nested(parent *bolt.Bucket, open map[int64]*bolt.Bucket, idx int64, create 
 	bk.FillPercent = 1
 	open[idx] = bk
 	return bk, nil
+}
+
+// idKeys finds the keys of an exchange's messages with one message-id:
+// one seek into each epoch of the ids index that holds an entry.
+func (b *batch) idKeys(vhost, exchange, id string) []store.Key {
+	var keys []store.Key
+	c := b.ids.Cursor()
+	for k, _ := c.First(); k != nil; {
+		epoch := beUint64(k[:idEpochSize])
+		prefix := idPrefix(epoch, []byte(vhost), []byte(exchange), []byte(id))
+		for k, _ = c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			if len(k) == len(prefix)+store.KeySize {
+				keys = append(keys, store.Key(k[len(prefix):]))
+			}
+		}
+		if epoch == math.MaxUint64 {
+			break
+		}
+		k, _ = c.Seek(u64(epoch + 1))
+	}
+	return keys
 }
 
 // put stores one message: into its slot when due before the watermark,

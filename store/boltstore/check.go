@@ -153,9 +153,13 @@ func (s *Store) check() error {
 		nids := 0
 		if err := ids.ForEach(func(k, _ []byte) error {
 			nids++
-			r := reader{b: k}
+			if len(k) < idEpochSize {
+				add("ids key %x malformed", k)
+				return nil
+			}
+			r := reader{b: k[idEpochSize:]}
 			vhost, exchange, id := r.bytes(), r.bytes(), r.bytes()
-			if r.err != nil || len(r.b) != store.KeySize {
+			if r.err != nil || len(r.b) != store.KeySize || beUint64(k[:idEpochSize]) != idEpoch(store.Key(r.b)) {
 				add("ids key %x malformed", k)
 				return nil
 			}

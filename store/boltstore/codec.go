@@ -238,9 +238,23 @@ func exchangeKey(vhost, name string) []byte {
 	return append(b, name...)
 }
 
-// idPrefix is the ids-index prefix of one message-id of one exchange.
-func idPrefix(vhost, exchange, id []byte) []byte {
-	b := make([]byte, 0, 3*binary.MaxVarintLen32+len(vhost)+len(exchange)+len(id)+store.KeySize)
+// idEpochBits sets the width of an ids-index epoch: 1,024 sequence
+// numbers. The index is sorted by epoch first, so a commit's entries land
+// in the last few leaves, not one leaf each; a cancel by message-id seeks
+// once per epoch that holds an entry.
+const idEpochBits = 10
+
+// idEpochSize is the length of the epoch that leads every ids-index key.
+const idEpochSize = 8
+
+// idEpoch is the ids-index epoch of a message with key k, 8 B BE.
+func idEpoch(k store.Key) uint64 { return k.Seq() >> idEpochBits }
+
+// idPrefix is the ids-index prefix of one message-id of one exchange in
+// one epoch.
+func idPrefix(epoch uint64, vhost, exchange, id []byte) []byte {
+	b := make([]byte, 0, idEpochSize+3*binary.MaxVarintLen32+len(vhost)+len(exchange)+len(id)+store.KeySize)
+	b = binary.BigEndian.AppendUint64(b, epoch)
 	b = binary.AppendUvarint(b, uint64(len(vhost)))
 	b = append(b, vhost...)
 	b = binary.AppendUvarint(b, uint64(len(exchange)))
@@ -251,7 +265,7 @@ func idPrefix(vhost, exchange, id []byte) []byte {
 
 // idKey is the ids-index key of one message.
 func idKey(vhost, exchange, id []byte, k store.Key) []byte {
-	return append(idPrefix(vhost, exchange, id), k[:]...)
+	return append(idPrefix(idEpoch(k), vhost, exchange, id), k[:]...)
 }
 
 // storedKey is the key a message is stored under, in a slot or a far

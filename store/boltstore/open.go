@@ -1,12 +1,14 @@
 package boltstore
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 
 	bolt "go.etcd.io/bbolt"
@@ -84,7 +86,7 @@ func Open(path string, opts Options) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("%w: %s", err, path)
 	}
-	if s.upgrade {
+	if s.fileVersion < schemaVersion {
 		if err := db.Update(s.upgradeSchema); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("store: upgrade %s to schema %d: %w", path, schemaVersion, err)
@@ -197,7 +199,7 @@ func (s *Store) load(tx *bolt.Tx) error {
 			return fmt.Errorf("%w: bucket %q missing", ErrNotStore, name)
 		}
 	}
-	s.upgrade = version < schemaVersion
+	s.fileVersion = version
 	if version >= 3 {
 		bk := meta.Bucket(bucketTally)
 		if bk == nil {
@@ -231,15 +233,22 @@ func (s *Store) load(tx *bolt.Tx) error {
 	})
 }
 
-// upgradeSchema brings a version 1 or 2 file to the current schema: it
-// adds the released bucket (version 1 deleted released messages outright,
-// so it starts empty) and the tally, counted from every key of the file
-// once (versions 1 and 2 kept none).
+// upgradeSchema brings an older file to the current schema: it adds the
+// released bucket (version 1 deleted released messages outright, so it
+// starts empty) and the tally, counted from every key of the file once
+// (versions 1 and 2 kept none), and puts the epoch first in the ids
+// index's keys (versions 1 to 3).
 func (s *Store) upgradeSchema(tx *bolt.Tx) error {
-	if _, err := tx.CreateBucketIfNotExists(bucketReleased); err != nil {
+	if err := upgradeIDs(tx); err != nil {
 		return err
 	}
 	meta := tx.Bucket(bucketMeta)
+	if s.fileVersion >= 3 {
+		return meta.Put(metaVersion, u64(schemaVersion))
+	}
+	if _, err := tx.CreateBucketIfNotExists(bucketReleased); err != nil {
+		return err
+	}
 	if meta.Bucket(bucketTally) != nil {
 		if err := meta.DeleteBucket(bucketTally); err != nil {
 			return err
@@ -256,4 +265,38 @@ func (s *Store) upgradeSchema(tx *bolt.Tx) error {
 		}
 	}
 	return meta.Put(metaVersion, u64(schemaVersion))
+}
+
+// upgradeIDs rewrites the ids index of a version 1 to 3 file, whose keys
+// lack the leading epoch: it reads them all, then writes the new keys in
+// order, so the new index is built by appends.
+func upgradeIDs(tx *bolt.Tx) error {
+	old := tx.Bucket(bucketIDs)
+	var keys [][]byte
+	if err := old.ForEach(func(k, _ []byte) error {
+		if len(k) < store.KeySize {
+			return fmt.Errorf("%w: ids key %x", errCorrupt, k)
+		}
+		nk := make([]byte, idEpochSize, idEpochSize+len(k))
+		binary.BigEndian.PutUint64(nk, idEpoch(store.Key(k[len(k)-store.KeySize:])))
+		keys = append(keys, append(nk, k...))
+		return nil
+	}); err != nil {
+		return err
+	}
+	slices.SortFunc(keys, bytes.Compare)
+	if err := tx.DeleteBucket(bucketIDs); err != nil {
+		return err
+	}
+	bk, err := tx.CreateBucket(bucketIDs)
+	if err != nil {
+		return err
+	}
+	bk.FillPercent = 1 // appends only
+	for _, k := range keys {
+		if err := bk.Put(k, nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -128,23 +128,26 @@ func TestOptionsRecordedAtCreation(t *testing.T) {
 	}
 }
 
-// TestOpenUpgradesSchema: a version 1 file (no released bucket, no tally)
-// and a version 2 file (no tally) open, gain what they lack and the current
-// version, count their tally from the messages (released ones and the far
-// copies of cascaded ones left out), and work on.
+// TestOpenUpgradesSchema: a version 1 file (no released bucket, no tally),
+// a version 2 file (no tally) and a version 3 file (ids keys without their
+// epoch) open, gain what they lack and the current version, count their
+// tally from the messages (released ones and the far copies of cascaded
+// ones left out), find their messages by message-id, and work on.
 func TestOpenUpgradesSchema(t *testing.T) {
 	const hour = int64(3600_000)
 	for _, tc := range []struct {
 		version uint64
 		release bool // mark some released first (version 1 had no marks)
-	}{{1, false}, {2, true}} {
+	}{{1, false}, {2, true}, {3, true}} {
 		t.Run(fmt.Sprint("schema ", tc.version), func(t *testing.T) {
 			h := newHarness(t, Options{NoSync: true, FarWidth: time.Hour})
 			h.exchange("/", "x")
 			h.keys(0, base+hour) // slots up to base+1h+1m, far buckets after
 			var msgs []*store.Message
 			for i := range 40 {
-				msgs = append(msgs, msg("x", base+int64(i)*7*60_000, 0, fmt.Sprint(i))) // over 4.6h
+				m := msg("x", base+int64(i)*7*60_000, 0, fmt.Sprint(i)) // over 4.6h
+				m.MessageID = fmt.Sprint("id-", i%5)
+				msgs = append(msgs, m)
 			}
 			h.put(msgs...)
 			h.keys(0, base+2*hour+30*60_000) // a cascade leaves copies in the far bucket of hour 2
@@ -159,6 +162,12 @@ func TestOpenUpgradesSchema(t *testing.T) {
 				t.Fatal(err)
 			}
 			tamper(t, h.path, func(tx *bolt.Tx) error {
+				if err := withoutIDEpochs(tx); err != nil {
+					return err
+				}
+				if tc.version >= 3 {
+					return tx.Bucket(bucketMeta).Put(metaVersion, u64(tc.version))
+				}
 				if tc.version < 2 {
 					if err := tx.DeleteBucket(bucketReleased); err != nil {
 						return err
@@ -184,6 +193,10 @@ func TestOpenUpgradesSchema(t *testing.T) {
 				t.Fatalf("Upcoming after the upgrade %v, before %v", got, want)
 			}
 			h.check()
+			got, err := h.s.Cancel(context.Background(), "/", "x", "id-4")
+			if want := []store.Key{msgs[4].Key, msgs[9].Key, msgs[14].Key, msgs[19].Key, msgs[24].Key, msgs[29].Key, msgs[34].Key, msgs[39].Key}; err != nil || !slices.Equal(got, want) {
+				t.Fatalf("Cancel by id after the upgrade: %x %v, want %x", got, err, want)
+			}
 			if err := h.s.Delete(context.Background(), msgs[1].Key); err != nil {
 				t.Fatal(err)
 			}
@@ -193,6 +206,31 @@ func TestOpenUpgradesSchema(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withoutIDEpochs rewrites the ids index as versions 1 to 3 kept it, its
+// keys without the leading epoch.
+func withoutIDEpochs(tx *bolt.Tx) error {
+	var keys [][]byte
+	if err := tx.Bucket(bucketIDs).ForEach(func(k, _ []byte) error {
+		keys = append(keys, k[idEpochSize:])
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := tx.DeleteBucket(bucketIDs); err != nil {
+		return err
+	}
+	bk, err := tx.CreateBucket(bucketIDs)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := bk.Put(k, nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // fileWithMessage makes a closed store file holding one message of exchange

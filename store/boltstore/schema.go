@@ -7,9 +7,9 @@ import (
 )
 
 const (
-	// schemaVersion 2 added the released bucket, 3 the tally; Open
-	// upgrades an older file by adding what it lacks.
-	schemaVersion = 3
+	// schemaVersion 2 added the released bucket, 3 the tally, 4 put the
+	// epoch first in ids keys; Open upgrades an older file.
+	schemaVersion = 4
 	storeMagic    = "delayproxy store"
 
 	// maxDue bounds due times (year ~146 million) so that watermark
@@ -25,7 +25,8 @@ const (
 //	               stored key (17 B) -> encoded message   messages due at or after W
 //	released   slot index (8 B BE) -> nested bucket:
 //	               Key (17 B) -> 0x01                     released messages of that slot
-//	ids        uvarint len, vhost, uvarint len, exchange,
+//	ids        epoch (Key's sequence >> 10, 8 B BE),
+//	           uvarint len, vhost, uvarint len, exchange,
 //	           uvarint len, message-id, Key -> (empty)    pending messages with a message-id
 //	exchanges  uvarint len, vhost, name -> encoded ExchangeDef
 //	meta       magic, version, slot-ms, far-ms, seq (next sequence),

@@ -66,7 +66,7 @@ type Store struct {
 	// released, which two counting walks then prove before the drop.
 	slotCounts map[int64]slotCount
 
-	upgrade bool // Open: the file has an older schema (set by load)
+	fileVersion uint64 // Open: the file's schema version before any upgrade (set by load)
 
 	// statsMu guards stats.
 	statsMu sync.Mutex
