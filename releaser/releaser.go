@@ -98,7 +98,7 @@ type Releaser struct {
 	// with how many checks in a row found them missing since (missing.go).
 	missing map[exchangeID]int
 	dials   int // dial attempts, for tests
-	closed bool
+	closed  bool
 
 	wg sync.WaitGroup // every goroutine it starts: Warm's dials, each connection's reader and heartbeat
 }
