@@ -369,9 +369,7 @@ func judgeDeliveryTime(cr *clientCheckRun) []clientProblem {
 			continue
 		}
 		least, _ := clientNumber(c, "least_ms")
-		for _, p := range judgeArrival(name, c, int64(least)) {
-			out = append(out, p)
-		}
+		out = append(out, judgeArrival(name, c, int64(least))...)
 		if c["arrived"] == true && c["headers_unchanged"] != true {
 			out = append(out, clientProblem{msg: name + ": headers changed on the way"})
 		}

@@ -290,7 +290,7 @@ func TestDeliveryTime_CancelAndRestart(t *testing.T) {
 		}
 		testwait.Until(t, 20*time.Second, "both released", func() bool { return tp.pending(t, admin.DefaultExchangeAlias) == 0 })
 		if time.Now().Before(due) {
-			t.Errorf("released %v before their time", due.Sub(time.Now()))
+			t.Errorf("released %v before their time", time.Until(due))
 		}
 		ids = nil
 		for _, d := range drainOn(t, b, q) {
