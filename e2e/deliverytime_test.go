@@ -22,8 +22,8 @@ import (
 // on RabbitMQ 3.10 and 4.3.
 
 const (
-	hdrTime  = "x-opt-delivery-time"
-	hdrDelay = "x-opt-delivery-delay"
+	hTime  = "x-opt-delivery-time"
+	hDelay = "x-opt-delivery-delay"
 )
 
 // dtMsg is a persistent publishing with the given headers and message-id.
@@ -71,23 +71,23 @@ func TestDeliveryTime_ValueTypes(t *testing.T) {
 			headers amqp.Table
 			due     time.Time // zero: relayed at once
 		}{
-			{"delay int8", amqp.Table{hdrDelay: int8(120)}, now.Add(120 * time.Millisecond)},
-			{"delay uint8", amqp.Table{hdrDelay: uint8(250)}, now.Add(250 * time.Millisecond)},
-			{"delay int16", amqp.Table{hdrDelay: int16(310)}, now.Add(310 * time.Millisecond)},
-			{"delay uint16", amqp.Table{hdrDelay: uint16(320)}, now.Add(320 * time.Millisecond)},
-			{"delay int32", amqp.Table{hdrDelay: int32(330)}, now.Add(330 * time.Millisecond)},
-			{"delay uint32", amqp.Table{hdrDelay: uint32(350)}, now.Add(350 * time.Millisecond)},
-			{"delay int64", amqp.Table{hdrDelay: int64(360)}, now.Add(360 * time.Millisecond)},
-			{"time int64", amqp.Table{hdrTime: at(700 * time.Millisecond)}, time.UnixMilli(at(700 * time.Millisecond))},
-			{"time timestamp", amqp.Table{hdrTime: secs}, secs},
-			{"both: the time decides", amqp.Table{hdrTime: at(900 * time.Millisecond), hdrDelay: int32(100)}, time.UnixMilli(at(900 * time.Millisecond))},
-			{"time in the past", amqp.Table{hdrTime: at(-time.Second)}, time.Time{}},
-			{"zero delay", amqp.Table{hdrDelay: int32(0)}, time.Time{}},
-			{"negative delay", amqp.Table{hdrDelay: int32(-500)}, time.Time{}},
-			{"delay string", amqp.Table{hdrDelay: "5000"}, time.Time{}},
-			{"delay float", amqp.Table{hdrDelay: 5000.0}, time.Time{}},
-			{"time string", amqp.Table{hdrTime: fmt.Sprint(at(5 * time.Second))}, time.Time{}},
-			{"time float", amqp.Table{hdrTime: float64(at(5 * time.Second))}, time.Time{}},
+			{"delay int8", amqp.Table{hDelay: int8(120)}, now.Add(120 * time.Millisecond)},
+			{"delay uint8", amqp.Table{hDelay: uint8(250)}, now.Add(250 * time.Millisecond)},
+			{"delay int16", amqp.Table{hDelay: int16(310)}, now.Add(310 * time.Millisecond)},
+			{"delay uint16", amqp.Table{hDelay: uint16(320)}, now.Add(320 * time.Millisecond)},
+			{"delay int32", amqp.Table{hDelay: int32(330)}, now.Add(330 * time.Millisecond)},
+			{"delay uint32", amqp.Table{hDelay: uint32(350)}, now.Add(350 * time.Millisecond)},
+			{"delay int64", amqp.Table{hDelay: int64(360)}, now.Add(360 * time.Millisecond)},
+			{"time int64", amqp.Table{hTime: at(700 * time.Millisecond)}, time.UnixMilli(at(700 * time.Millisecond))},
+			{"time timestamp", amqp.Table{hTime: secs}, secs},
+			{"both: the time decides", amqp.Table{hTime: at(900 * time.Millisecond), hDelay: int32(100)}, time.UnixMilli(at(900 * time.Millisecond))},
+			{"time in the past", amqp.Table{hTime: at(-time.Second)}, time.Time{}},
+			{"zero delay", amqp.Table{hDelay: int32(0)}, time.Time{}},
+			{"negative delay", amqp.Table{hDelay: int32(-500)}, time.Time{}},
+			{"delay string", amqp.Table{hDelay: "5000"}, time.Time{}},
+			{"delay float", amqp.Table{hDelay: 5000.0}, time.Time{}},
+			{"time string", amqp.Table{hTime: fmt.Sprint(at(5 * time.Second))}, time.Time{}},
+			{"time float", amqp.Table{hTime: float64(at(5 * time.Second))}, time.Time{}},
 		}
 		held := 0
 		for _, tt := range tests {
@@ -128,7 +128,7 @@ func TestDeliveryTime_QuorumAndClassicThroughDefaultExchange(t *testing.T) {
 		qc, cc := consume(t, testbroker.Dial(t, b.URL), quorum), consume(t, testbroker.Dial(t, b.URL), classic)
 		for i := range 5 {
 			for _, q := range []string{quorum, classic} {
-				publishConfirmed(t, ch, "", q, false, dtMsg(amqp.Table{hdrDelay: int32(1500 - 200*i)}, fmt.Sprint(i)))
+				publishConfirmed(t, ch, "", q, false, dtMsg(amqp.Table{hDelay: int32(1500 - 200*i)}, fmt.Sprint(i)))
 			}
 		}
 		var e admin.Exchange
@@ -164,8 +164,8 @@ func TestDeliveryTime_TopicTwoBindings(t *testing.T) {
 		ca, cb := consume(t, testbroker.Dial(t, b.URL), qa), consume(t, testbroker.Dial(t, b.URL), qb)
 		start := time.Now()
 		due := start.Add(800 * time.Millisecond).UnixMilli()
-		publishConfirmed(t, ch, ex, "order.created", false, dtMsg(amqp.Table{hdrTime: due}, "both"))
-		publishConfirmed(t, ch, ex, "order.paid", false, dtMsg(amqp.Table{hdrDelay: int16(600)}, "a-only"))
+		publishConfirmed(t, ch, ex, "order.created", false, dtMsg(amqp.Table{hTime: due}, "both"))
+		publishConfirmed(t, ch, ex, "order.paid", false, dtMsg(amqp.Table{hDelay: int16(600)}, "a-only"))
 		var e admin.Exchange
 		getJSON(t, tp, exchangePath(ex), &e)
 		if e.Kind != admin.KindDeliveryTime || e.Pending != 2 {
@@ -203,8 +203,8 @@ func TestDeliveryTime_MaxDelay(t *testing.T) {
 			header string
 			value  any
 		}{
-			{hdrTime, time.Now().Add(2 * time.Hour).UnixMilli()},
-			{hdrDelay, int64(2 * time.Hour / time.Millisecond)},
+			{hTime, time.Now().Add(2 * time.Hour).UnixMilli()},
+			{hDelay, int64(2 * time.Hour / time.Millisecond)},
 		} {
 			ch := testbroker.Channel(t, conn)
 			closed := ch.NotifyClose(make(chan *amqp.Error, 1))
@@ -229,12 +229,12 @@ func TestDeliveryTime_OnDelayedExchange(t *testing.T) {
 		ex, _, cons := delayedFanoutOn(t, b, ch)
 		far := time.Now().Add(time.Hour).UnixMilli()
 		start := time.Now()
-		publishConfirmed(t, ch, ex, "", false, dtMsg(amqp.Table{"x-delay": int32(300), hdrTime: far, hdrDelay: int32(3_600_000)}, "x"))
+		publishConfirmed(t, ch, ex, "", false, dtMsg(amqp.Table{"x-delay": int32(300), hTime: far, hDelay: int32(3_600_000)}, "x"))
 		a := cons.wait(t, 1, 20*time.Second)[0]
 		if a.At.Before(start.Add(300 * time.Millisecond)) {
 			t.Errorf("arrived at +%v, before its x-delay", a.At.Sub(start))
 		}
-		want := amqp.Table{"x-delay": int64(-300), hdrTime: far, hdrDelay: int32(3_600_000)}
+		want := amqp.Table{"x-delay": int64(-300), hTime: far, hDelay: int32(3_600_000)}
 		if !reflect.DeepEqual(a.Headers, want) {
 			t.Errorf("headers %#v, want %#v", a.Headers, want)
 		}
@@ -250,7 +250,7 @@ func TestDeliveryTime_FlagOff(t *testing.T) {
 		ch := confirmChannel(t, tp.dial(t))
 		q := b.DeclareQueue(t, true, nil)
 		cons := consume(t, testbroker.Dial(t, b.URL), q)
-		headers := amqp.Table{hdrDelay: int32(3_600_000), hdrTime: time.Now().Add(time.Hour).UnixMilli()}
+		headers := amqp.Table{hDelay: int32(3_600_000), hTime: time.Now().Add(time.Hour).UnixMilli()}
 		publishConfirmed(t, ch, "", q, false, dtMsg(headers, "untouched"))
 		if a := cons.wait(t, 1, 10*time.Second)[0]; !reflect.DeepEqual(a.Headers, headers) {
 			t.Errorf("headers %#v, want %#v", a.Headers, headers)
@@ -272,7 +272,7 @@ func TestDeliveryTime_CancelAndRestart(t *testing.T) {
 		q := b.DeclareQueue(t, true, nil)
 		due := time.Now().Add(3 * time.Second)
 		for _, id := range []string{"a", "b", "c", "b"} {
-			publishConfirmed(t, ch, "", q, false, dtMsg(amqp.Table{hdrTime: due.UnixMilli()}, id))
+			publishConfirmed(t, ch, "", q, false, dtMsg(amqp.Table{hTime: due.UnixMilli()}, id))
 		}
 		if code, body := tp.httpDo(t, http.MethodDelete, defaultPath+"/messages/b"); code != http.StatusOK {
 			t.Fatalf("cancel b: %d %s", code, body)
@@ -315,7 +315,7 @@ func TestDeliveryTime_PriorityDueTogether(t *testing.T) {
 		const n = 60
 		var dcs []*amqp.DeferredConfirmation
 		for i := range n {
-			msg := dtMsg(amqp.Table{hdrTime: due}, fmt.Sprintf("%d-%02d", i%6, i))
+			msg := dtMsg(amqp.Table{hTime: due}, fmt.Sprintf("%d-%02d", i%6, i))
 			msg.Priority = uint8(i % 6)
 			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", q, false, false, msg)
 			if err != nil {
@@ -361,7 +361,7 @@ func TestDeliveryTime_NeedsWritePermission(t *testing.T) {
 		refused := func(conn *amqp.Connection) string {
 			ch := testbroker.Channel(t, conn)
 			closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-			publish(t, ch, ex, "k", dtMsg(amqp.Table{hdrDelay: int32(60_000)}, "refused"))
+			publish(t, ch, ex, "k", dtMsg(amqp.Table{hDelay: int32(60_000)}, "refused"))
 			e := testbroker.AwaitClose(t, closed, 15*time.Second)
 			if e.Code != amqp.AccessRefused {
 				t.Fatalf("closed with %v, want 403", e)
@@ -378,7 +378,7 @@ func TestDeliveryTime_NeedsWritePermission(t *testing.T) {
 			t.Errorf("stored %v messages, want none", n)
 		}
 		// Allowed on the default exchange: held.
-		publishConfirmed(t, confirmChannel(t, conn), "", q, false, dtMsg(amqp.Table{hdrDelay: int32(60_000)}, "allowed"))
+		publishConfirmed(t, confirmChannel(t, conn), "", q, false, dtMsg(amqp.Table{hDelay: int32(60_000)}, "allowed"))
 		if n := tp.pending(t, admin.DefaultExchangeAlias); n != 1 {
 			t.Errorf("default exchange holds %d, want the allowed one", n)
 		}
@@ -394,7 +394,7 @@ func TestDeliveryTime_ExchangeGoneAtRelease(t *testing.T) {
 	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
 		tp, ch := startConfirmedOn(t, b)
 		ex := declarePlainExchangeOn(t, b, "fanout")
-		publishConfirmed(t, ch, ex, "", false, dtMsg(amqp.Table{hdrDelay: int32(500)}, "orphan"))
+		publishConfirmed(t, ch, ex, "", false, dtMsg(amqp.Table{hDelay: int32(500)}, "orphan"))
 		b.DeleteExchange(t, ex)
 		testwait.Until(t, 30*time.Second, "the message dropped", func() bool { return tp.pending(t, ex) == 0 })
 		if n := tp.metric(t, "delayproxy_messages_unroutable_total"); n != 1 {
@@ -403,6 +403,39 @@ func TestDeliveryTime_ExchangeGoneAtRelease(t *testing.T) {
 		probe := testbroker.Channel(t, testbroker.Dial(t, b.URL))
 		if err := probe.ExchangeDeclarePassive(ex, "fanout", true, false, false, false, nil); err == nil {
 			t.Error("the proxy declared the exchange again")
+		}
+	})
+}
+
+// TestDeliveryTime_ThenDeclaredDelayed: an exchange holding delivery-time
+// messages that a client then declares x-delayed-message (with its own
+// type) becomes a delayed exchange; the messages it held are released
+// unchanged at their time, and x-delay decides from then on.
+func TestDeliveryTime_ThenDeclaredDelayed(t *testing.T) {
+	t.Parallel()
+	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
+		tp, ch := startConfirmedOn(t, b)
+		ex := declarePlainExchangeOn(t, b, "fanout")
+		q := b.DeclareQueue(t, true, nil)
+		bindOn(t, b, q, "", ex, nil)
+		cons := consume(t, testbroker.Dial(t, b.URL), q)
+		due := time.Now().Add(time.Second).UnixMilli()
+		publishConfirmed(t, ch, ex, "", false, dtMsg(amqp.Table{hTime: due}, "dt"))
+		if err := ch.ExchangeDeclare(ex, "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "fanout"}); err != nil {
+			t.Fatalf("declare as delayed: %v", err)
+		}
+		var e admin.Exchange
+		getJSON(t, tp, exchangePath(ex), &e)
+		if e.Kind != admin.KindDelayed || e.DelayedType != "fanout" || e.Pending != 1 {
+			t.Errorf("after the declare: %+v, want a delayed fanout exchange holding 1", e)
+		}
+		publishConfirmed(t, ch, ex, "", false, dtMsg(amqp.Table{"x-delay": int32(100), hDelay: int32(3_600_000)}, "xd"))
+		got := cons.waitByID(t, 2, 20*time.Second)
+		if a, ok := arrived(t, got, "dt"); ok && (a.At.Before(time.UnixMilli(due)) || !reflect.DeepEqual(a.Headers, amqp.Table{hTime: due})) {
+			t.Errorf("dt: arrived at %v (due %v) with %#v", a.At, time.UnixMilli(due), a.Headers)
+		}
+		if a, ok := arrived(t, got, "xd"); ok && a.Headers["x-delay"] != int64(-100) {
+			t.Errorf("xd: headers %#v, want x-delay -100", a.Headers)
 		}
 	})
 }
