@@ -439,3 +439,38 @@ func TestDeliveryTime_ThenDeclaredDelayed(t *testing.T) {
 		}
 	})
 }
+
+// TestDeliveryTime_InTransaction: a delivery-time publish in a transaction
+// is stored at tx.commit and dropped at tx.rollback, as a delayed one.
+func TestDeliveryTime_InTransaction(t *testing.T) {
+	t.Parallel()
+	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
+		tp, conn := startDialledOn(t, b)
+		ch := testbroker.Channel(t, conn)
+		if err := ch.Tx(); err != nil {
+			t.Fatal(err)
+		}
+		q := b.DeclareQueue(t, true, nil)
+		cons := consume(t, testbroker.Dial(t, b.URL), q)
+		publish(t, ch, "", q, dtMsg(amqp.Table{hDelay: int32(300)}, "rolled-back"))
+		if err := ch.TxRollback(); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		publish(t, ch, "", q, dtMsg(amqp.Table{hDelay: int32(300)}, "committed"))
+		if err := ch.TxCommit(); err != nil {
+			t.Fatal(err)
+		}
+		if n := tp.pending(t, admin.DefaultExchangeAlias); n != 1 {
+			t.Errorf("pending after commit: %d, want 1", n)
+		}
+		a := cons.wait(t, 1, 20*time.Second)[0]
+		if a.MessageId != "committed" || a.At.Before(start.Add(300*time.Millisecond)) {
+			t.Errorf("got %s at +%v", a.MessageId, a.At.Sub(start))
+		}
+		time.Sleep(300 * time.Millisecond)
+		if n := len(cons.snapshot()); n != 1 {
+			t.Errorf("%d messages arrived, want the committed one", n)
+		}
+	})
+}
