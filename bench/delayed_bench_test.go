@@ -242,7 +242,7 @@ const (
 	// millisecond, beside the x-delay ones, in the same run; it reports
 	// the lateness of each kind apart too (dt-*, xdelay-*).
 	latenessProxyDeliveryTime
-	latenessTTL          // a wait queue with per-message TTL, dead-lettered
+	latenessTTL // a wait queue with per-message TTL, dead-lettered
 	// latenessPaced publishes each message straight to the work queue at
 	// its due time: no delay mechanism at all. It is the floor of this
 	// machine and broker (timer wake-ups, publish, routing, delivery).
