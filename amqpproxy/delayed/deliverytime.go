@@ -1,6 +1,7 @@
 package delayed
 
 import (
+	"bytes"
 	"fmt"
 	"time"
 
@@ -22,6 +23,10 @@ const (
 // deliveryHeaders are the names Table.Find looks for, in one pass.
 var deliveryHeaders = []string{headerDeliveryTime, headerDeliveryDelay}
 
+// deliveryPrefix is in both names: a table whose bytes do not hold it has
+// neither, and is not parsed at all.
+var deliveryPrefix = []byte("x-opt-delivery-")
+
 // deliveryTime is what InterceptsContent learnt of a publish that asked for
 // a delay with a delivery-time header: its due time, or the 406 that
 // refuses it.
@@ -40,8 +45,12 @@ type deliveryTime struct {
 //
 // It returns which header decided ("" for none) and its value: the time
 // in unix ms, or the delay in ms. A table that does not parse gives an
-// error; the caller relays the publish and RabbitMQ judges it.
+// error; the caller relays the publish and RabbitMQ judges it. A table
+// that does not hold the bytes "x-opt-delivery-" is not parsed.
 func readDeliveryTime(headers wire.Table) (header string, v int64, err error) {
+	if !bytes.Contains(headers, deliveryPrefix) {
+		return "", 0, nil // neither name is in the table: nothing to parse
+	}
 	var vals [2]int64
 	var ok [2]bool
 	err = headers.Find(deliveryHeaders, func(i int, val any) {
