@@ -286,7 +286,7 @@ func (s *session) heldContent(ch *Channel, f wire.Frame) bool {
 		if claim, ok := s.hooks.InterceptsContent(ch, &in.heldPub, f.Payload[12:]); ok {
 			held := in.held
 			*in = contentIn{phase: inHeader, pub: &Publish{Channel: ch, Message: Message{Publish: in.heldPub}, Claim: claim,
-				methodPayload: held[7 : len(held)-1]}}
+				methodPayload: append([]byte(nil), held[7:len(held)-1]...)}} // not the arena's: it may wait long
 			return true
 		}
 	}
