@@ -41,12 +41,15 @@ func (r *Releaser) noteMissing(vhost string, batch []*store.Message, idx []int, 
 		}
 		id := exchangeID{vhost, name}
 		r.mu.Lock()
-		if _, ok := r.missing[id]; !ok {
+		_, known := r.missing[id]
+		if !known {
 			r.missing[id] = 0
+		}
+		r.mu.Unlock()
+		if !known {
 			r.cfg.Logger.Warn("exchange of delivery-time messages not found at release; it is not declared by the proxy",
 				"vhost", vhost, "exchange", name, "checks before dropping", MissingChecks)
 		}
-		r.mu.Unlock()
 	}
 	return rest
 }
@@ -110,17 +113,19 @@ func (r *Releaser) checkMissing(ctx context.Context, c *conn, id exchangeID) (v 
 	}
 	found, err := c.exists(ctx, id.name, r.cfg.DialTimeout)
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	switch {
 	case err != nil:
 		v.hold = true // the check failed, not the exchange: the next retry checks again
 	case found:
 		delete(r.missing, id)
-		r.cfg.Logger.Info("exchange of delivery-time messages found again", "vhost", id.vhost, "exchange", id.name)
 	default:
 		r.missing[id]++
 		v.drop = r.missing[id] >= MissingChecks
 		v.hold = !v.drop
+	}
+	r.mu.Unlock()
+	if found {
+		r.cfg.Logger.Info("exchange of delivery-time messages found again", "vhost", id.vhost, "exchange", id.name)
 	}
 	return v
 }
