@@ -53,7 +53,7 @@ func listExchanges(ctx context.Context, r *cliRun) error {
 		if !e.Registered {
 			typ = "(deleted)"
 		}
-		row(t, e.VHost, e.Name, typ, strconv.FormatInt(e.Pending, 10), orDash(e.NextDue), orDash(dueIn(e.NextDueMs, now)))
+		row(t, e.VHost, exchangeCell(e.Name), typ, strconv.FormatInt(e.Pending, 10), orDash(e.NextDue), orDash(dueIn(e.NextDueMs, now)))
 	}
 	return t.Flush()
 }
