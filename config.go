@@ -73,8 +73,14 @@ type Config struct {
 	// milliseconds, at most MaxReleaseWindow.
 	ReleaseWindow time.Duration
 	// MaxDelay is the largest x-delay accepted; larger ones are refused
-	// with 406 PRECONDITION_FAILED.
+	// with 406 PRECONDITION_FAILED. It bounds x-opt-delivery-delay, and how
+	// far ahead x-opt-delivery-time may be, alike.
 	MaxDelay time.Duration
+	// DeliveryTimeHeaders delays publishes to any exchange that carry
+	// x-opt-delivery-time (absolute unix ms) or x-opt-delivery-delay (ms),
+	// RabbitMQ 4.4's and Tanzu's API; false relays them untouched, for
+	// RabbitMQ 4.4 itself to read.
+	DeliveryTimeHeaders bool
 	// MaxMessageSize is the largest message body accepted, in bytes.
 	MaxMessageSize int64
 	// HandshakeTimeout bounds a client's AMQP handshake.
@@ -95,18 +101,19 @@ type Config struct {
 // 3.10.
 func DefaultConfig() Config {
 	return Config{
-		ListenAddr:        ":5673",
-		UpstreamURL:       "amqp://guest:guest@localhost:5672/",
-		DataDir:           "./data",
-		HTTPAddr:          "127.0.0.1:15673",
-		MaxDelay:          10 * year,
-		ReleasedDelayType: "int64",
-		MaxMessageSize:    DefaultMaxMessageSize,
-		HandshakeTimeout:  10 * time.Second, // RabbitMQ handshake_timeout
-		Heartbeat:         60 * time.Second, // RabbitMQ heartbeat
-		ShutdownGrace:     30 * time.Second,
-		LogLevel:          "info",
-		LogFormat:         "text",
+		ListenAddr:          ":5673",
+		UpstreamURL:         "amqp://guest:guest@localhost:5672/",
+		DataDir:             "./data",
+		HTTPAddr:            "127.0.0.1:15673",
+		MaxDelay:            10 * year,
+		DeliveryTimeHeaders: true,
+		ReleasedDelayType:   "int64",
+		MaxMessageSize:      DefaultMaxMessageSize,
+		HandshakeTimeout:    10 * time.Second, // RabbitMQ handshake_timeout
+		Heartbeat:           60 * time.Second, // RabbitMQ heartbeat
+		ShutdownGrace:       30 * time.Second,
+		LogLevel:            "info",
+		LogFormat:           "text",
 	}
 }
 

@@ -299,3 +299,38 @@ func TestFormatRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestDeliveryTimeHeadersSetting: --delivery-time-headers is on by
+// default and set by flag or DELAYPROXY_DELIVERY_TIME_HEADERS, the flag
+// first; a value that is not a boolean is refused, named.
+func TestDeliveryTimeHeadersSetting(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    bool
+		wantErr string
+	}{
+		{name: "default", want: true},
+		{name: "flag off", args: []string{"--delivery-time-headers=false"}, want: false},
+		{name: "env off", env: map[string]string{"DELAYPROXY_DELIVERY_TIME_HEADERS": "false"}, want: false},
+		{name: "env 0", env: map[string]string{"DELAYPROXY_DELIVERY_TIME_HEADERS": "0"}, want: false},
+		{name: "flag beats env", args: []string{"--delivery-time-headers=true"}, env: map[string]string{"DELAYPROXY_DELIVERY_TIME_HEADERS": "false"}, want: true},
+		{name: "bare flag", args: []string{"--delivery-time-headers"}, env: map[string]string{"DELAYPROXY_DELIVERY_TIME_HEADERS": "false"}, want: true},
+		{name: "bad env", env: map[string]string{"DELAYPROXY_DELIVERY_TIME_HEADERS": "maybe"}, wantErr: "delivery-time-headers"},
+		{name: "bad flag", args: []string{"--delivery-time-headers=maybe"}, wantErr: "delivery-time-headers"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := LoadConfig(tc.args, env(tc.env), &bytes.Buffer{})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("LoadConfig = %v, want an error naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || c.DeliveryTimeHeaders != tc.want {
+				t.Fatalf("DeliveryTimeHeaders = %v (%v), want %v", c.DeliveryTimeHeaders, err, tc.want)
+			}
+		})
+	}
+}

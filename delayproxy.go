@@ -128,13 +128,14 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		return err
 	}
 	icpt = delayed.New(delayed.Config{
-		Store:         st,
-		Scheduler:     sched,
-		MaxDelay:      p.cfg.MaxDelay,
-		ReleaseWindow: p.cfg.ReleaseWindow,
-		Now:           now,
-		Metrics:       m,
-		Logger:        p.log.With("room", "delayed"),
+		Store:               st,
+		Scheduler:           sched,
+		MaxDelay:            p.cfg.MaxDelay,
+		ReleaseWindow:       p.cfg.ReleaseWindow,
+		DeliveryTimeHeaders: p.cfg.DeliveryTimeHeaders,
+		Now:                 now,
+		Metrics:             m,
+		Logger:              p.log.With("room", "delayed"),
 	})
 	srv, err := amqpproxy.New(amqpproxy.Config{
 		Upstream:         p.cfg.UpstreamURL,

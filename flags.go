@@ -66,6 +66,8 @@ func (c *Config) options(tokenFile *string, version *bool) []option {
 			usage: "round due times up to windows of this size (whole ms, at most 1h), so messages published together with the same delay are released by priority, never early; 0 = exact milliseconds"},
 		{name: "max-delay", arg: "DURATION", env: true, value: (*durationValue)(&c.MaxDelay),
 			usage: "largest x-delay accepted; above it a publish is refused with 406 (units: ms s m h d y)"},
+		{name: "delivery-time-headers", arg: "BOOL", env: true, value: (*boolValue)(&c.DeliveryTimeHeaders),
+			usage: "delay publishes to any exchange that carry x-opt-delivery-time (unix ms) or x-opt-delivery-delay (ms); false relays them untouched"},
 		{name: "max-message-size", arg: "SIZE", env: true, value: (*sizeValue)(&c.MaxMessageSize),
 			usage: "largest message body accepted (bytes, or KiB MiB GiB KB MB GB; at most 512MiB)"},
 		{name: "handshake-timeout", arg: "DURATION", env: true, value: (*durationValue)(&c.HandshakeTimeout),

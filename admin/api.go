@@ -60,10 +60,27 @@ func (s *Server) listExchanges(w http.ResponseWriter, r *http.Request) {
 
 func exchangeFromDef(def store.ExchangeDef) Exchange {
 	return Exchange{
-		VHost: def.VHost, Name: def.Name, DelayedType: def.DelayedType,
+		VHost: def.VHost, Name: def.Name, Kind: kindName(def.Kind), DelayedType: def.DelayedType,
 		Durable: def.Durable, AutoDelete: def.AutoDelete, Internal: def.Internal,
 		Registered: true,
 	}
+}
+
+// DefaultExchangeAlias names the default exchange "" in the API's paths,
+// as in RabbitMQ's management API: /api/exchanges/%2F/amq.default/messages.
+const DefaultExchangeAlias = "amq.default"
+
+// The kinds of Exchange.Kind.
+const (
+	KindDelayed      = "delayed"       // an x-delayed-message exchange
+	KindDeliveryTime = "delivery-time" // any exchange holding x-opt-delivery-time/-delay messages
+)
+
+func kindName(k store.ExchangeKind) string {
+	if k == store.KindDeliveryTime {
+		return KindDeliveryTime
+	}
+	return KindDelayed
 }
 
 func setCount(e *Exchange, c store.ExchangeCount) {
@@ -77,6 +94,9 @@ func setCount(e *Exchange, c store.ExchangeCount) {
 // exchange.
 func (s *Server) exchange(w http.ResponseWriter, r *http.Request) (store.ExchangeDef, bool) {
 	vhost, name := pathValue(r, "vhost"), pathValue(r, "name")
+	if name == DefaultExchangeAlias {
+		name = ""
+	}
 	def, ok := s.opts.Engine.Exchange(vhost, name)
 	if !ok {
 		writeError(w, http.StatusNotFound, "no delayed exchange %q in vhost %q", name, vhost)

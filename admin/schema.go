@@ -6,7 +6,7 @@ package admin
 // and as unix milliseconds in the field of the same name ending in _ms.
 
 // ExchangeList is the answer of GET /api/exchanges: every registered
-// delayed exchange, and every deleted one that still holds messages, sorted
+// exchange (delayed, or holding delivery-time messages), and every deleted one that still holds messages, sorted
 // by vhost, then name.
 type ExchangeList struct {
 	Exchanges []Exchange `json:"exchanges"`
@@ -19,6 +19,12 @@ type ExchangeList struct {
 type Exchange struct {
 	VHost string `json:"vhost"`
 	Name  string `json:"name"`
+	// Kind is why the exchange is registered: KindDelayed, or
+	// KindDeliveryTime for an ordinary exchange (the default exchange ""
+	// included) holding messages published with x-opt-delivery-time or
+	// x-opt-delivery-delay; "" for a deleted exchange still holding
+	// messages.
+	Kind string `json:"kind,omitempty"`
 	// DelayedType is the exchange's x-delayed-type argument; "" for a
 	// deleted exchange still holding messages.
 	DelayedType string `json:"type,omitempty"`

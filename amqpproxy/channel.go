@@ -101,6 +101,11 @@ type contentIn struct {
 	relay     bool   // frames are relayed; otherwise assembled (pub) or dropped
 	pub       *Publish
 	body      []byte // assembled body so far
+	// held is the method frame of a publish not taken at basic.publish,
+	// kept until its content header says whether ConnHooks.InterceptsContent
+	// takes it (heldContent); heldPub is that method, decoded.
+	held    []byte
+	heldPub wire.BasicPublish
 }
 
 const (

@@ -145,6 +145,9 @@ func (s *session) clientMethod(ch *Channel, f wire.Frame) bool {
 			s.closeConn(unexpectedFrame(ch.in.phase, f, 60, 40))
 			return true
 		}
+		if ch.in.held != nil && !s.releaseHeld(ch) {
+			return false
+		}
 		ch.in = contentIn{} // relayed: RabbitMQ answers 505
 	}
 	switch st := ch.state.Load(); st {
@@ -254,6 +257,12 @@ func (s *session) clientPublish(ch *Channel, f wire.Frame) bool {
 					methodPayload: append([]byte(nil), f.Payload...)}}
 				return true
 			}
+			// Its content header may still ask for it (InterceptsContent):
+			// the method frame waits for it, and so does the confirm tag,
+			// so that the message's frames go upstream together and tags
+			// stay in publish order.
+			ch.in = contentIn{phase: inHeader, relay: true, held: s.cArena.frame(wire.FrameMethod, ch.id, f.Payload), heldPub: m}
+			return true
 		}
 	}
 	ch.in = contentIn{phase: inHeader, relay: true}
@@ -263,6 +272,42 @@ func (s *session) clientPublish(ch *Channel, f wire.Frame) bool {
 		ch.mu.Unlock()
 	}
 	return s.relayUp(f, ch)
+}
+
+// heldContent decides a publish whose method frame is held (clientPublish)
+// on its first content frame f: a content header whose properties carry a
+// headers table is offered to ConnHooks.InterceptsContent, and a publish it
+// takes is assembled from here on like one taken at basic.publish; any
+// other goes upstream, its method frame first. It reports false once the
+// upstream writer is gone.
+func (s *session) heldContent(ch *Channel, f wire.Frame) bool {
+	in := &ch.in
+	if f.Type == wire.FrameHeader && len(f.Payload) > 12 && f.Payload[12]&headersFlagHigh != 0 && ch.state.Load() == chOpen {
+		if claim, ok := s.hooks.InterceptsContent(ch, &in.heldPub, f.Payload[12:]); ok {
+			held := in.held
+			*in = contentIn{phase: inHeader, pub: &Publish{Channel: ch, Message: Message{Publish: in.heldPub}, Claim: claim,
+				methodPayload: append([]byte(nil), held[7:len(held)-1]...)}} // not the arena's: it may wait long
+			return true
+		}
+	}
+	return s.releaseHeld(ch)
+}
+
+// headersFlagHigh is the headers property's bit (0x2000) in the high byte
+// of a content header's first property flags word.
+const headersFlagHigh = byte(wire.FlagHeaders >> 8)
+
+// releaseHeld sends the held method frame of ch's publish upstream, with
+// its confirm tags, now that InterceptsContent will not take it.
+func (s *session) releaseHeld(ch *Channel) bool {
+	held := ch.in.held
+	ch.in.held = nil
+	if ch.inConfirm() {
+		ch.mu.Lock()
+		ch.confirms.relay(ch.confirms.publish())
+		ch.mu.Unlock()
+	}
+	return s.uw.q.push(outItem{kind: itemRelay, ch: ch, buf: held})
 }
 
 // inConfirm reports whether ch is in confirm mode; client reader only (it
@@ -279,6 +324,9 @@ func (s *session) clientContent(ch *Channel, f wire.Frame) bool {
 		}
 		return s.relayUp(f, ch) // RabbitMQ answers 505
 	case inHeader:
+		if in.held != nil && !s.heldContent(ch, f) {
+			return false
+		}
 		if f.Type != wire.FrameHeader {
 			if in.pub != nil {
 				s.closeConn(unexpectedFrame(inHeader, f, 60, 40))

@@ -100,9 +100,13 @@
 // relay). What the next layer needs and where it is:
 //
 //   - Take over a publish: InterceptsPublish chooses (by exchange) at
-//     basic.publish and returns a claim, what it looked up to decide; the
-//     proxy assembles method, header and body into a Publish (claim in
-//     Publish.Claim) and calls ConnHooks.Publish in the client reader
+//     basic.publish and returns a claim, what it looked up to decide; a
+//     publish it passes by is offered to InterceptsContent once its content
+//     header is in, when the header carries a headers table (the proxy
+//     holds the method frame meanwhile, and takes its confirm tags after,
+//     so the message's frames go upstream together and tags stay in
+//     order). The proxy assembles method, header and body into a Publish
+//     (claim in Publish.Claim) and calls ConnHooks.Publish in the client reader
 //     (blocking there is back-pressure on that client). The hook either
 //     calls p.Relay() before returning (x-delay <= 0: the message goes
 //     upstream in order), or keeps p and later, from any goroutine, calls

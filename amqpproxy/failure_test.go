@@ -56,6 +56,11 @@ var malformedCases = []struct {
 		c.header(1, 10)
 		c.send(1, &wire.ChannelClose{ReplyCode: 200})
 	}},
+	{"method between basic.publish and its header", wire.UnexpectedFrame, func(c *rawClient) {
+		c.send(1, &wire.ChannelOpen{})
+		c.send(1, &wire.BasicPublish{Exchange: "amq.direct"})
+		c.send(1, &wire.ChannelClose{ReplyCode: 200})
+	}},
 	{"content header of another class", wire.UnexpectedFrame, func(c *rawClient) {
 		c.send(1, &wire.ChannelOpen{})
 		c.send(1, &wire.BasicPublish{Exchange: "amq.direct"})
@@ -67,11 +72,16 @@ var malformedCases = []struct {
 // TestMalformedFrames: broken input closes the connection through the proxy
 // exactly as it does on RabbitMQ itself (same reply code, or the same
 // silent hang-up), whether the proxy catches it or RabbitMQ does.
+//
+// "hooked" is a proxy with an Interceptor that takes nothing but is asked
+// about every content header (InterceptsContent): it holds each publish's
+// method frame until the frame after it, which must change nothing.
 func TestMalformedFrames(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, Config{})
+	hooked := startProxy(t, Config{Interceptor: &testHooks{content: func(*Channel, *wire.BasicPublish, []byte) bool { return false }}})
 	for _, tc := range malformedCases {
-		for _, target := range []struct{ name, addr string }{{"direct", brokerAddr(t)}, {"proxy", p.addr}} {
+		for _, target := range []struct{ name, addr string }{{"direct", brokerAddr(t)}, {"proxy", p.addr}, {"hooked", hooked.addr}} {
 			t.Run(tc.name+"/"+target.name, func(t *testing.T) {
 				t.Parallel()
 				checkMalformed(t, target.addr, tc.code, tc.send)

@@ -46,7 +46,18 @@ type ConnHooks interface {
 	// handed to Publish as Publish.Claim so it is not looked up again.
 	InterceptsPublish(ch *Channel, m *wire.BasicPublish) (claim any, ok bool)
 
-	// Publish receives an assembled publish chosen by InterceptsPublish.
+	// InterceptsContent is asked about a basic.publish on an open channel
+	// that InterceptsPublish did not take, once its content header is in,
+	// and only when the header's properties carry a headers table: props
+	// is the property flags and list, byte for byte (read it, never keep
+	// it). A publish it takes (ok) is assembled and given to Publish, with
+	// claim, as one taken at basic.publish. Meanwhile the proxy holds the
+	// method frame, so the message's frames go upstream together either
+	// way.
+	InterceptsContent(ch *Channel, m *wire.BasicPublish, props []byte) (claim any, ok bool)
+
+	// Publish receives an assembled publish chosen by InterceptsPublish or
+	// InterceptsContent.
 	// Before it returns it either calls p.Relay (the message goes upstream
 	// after all, in order), or takes the message over and later (from any
 	// goroutine) calls exactly one of p.Ack, p.Nack or p.CloseChannel.

@@ -20,6 +20,7 @@ type testHooks struct {
 	methods    []wire.MethodID
 	method     func(*Call)
 	intercepts func(*Channel, *wire.BasicPublish) bool
+	content    func(*Channel, *wire.BasicPublish, []byte) bool
 	publish    func(*Publish)
 
 	opened, closed atomic.Int32
@@ -42,6 +43,11 @@ func (h *testHooks) Method(c *Call) {
 // InterceptsPublish claims a publish with its exchange's name.
 func (h *testHooks) InterceptsPublish(ch *Channel, m *wire.BasicPublish) (any, bool) {
 	return m.Exchange, h.intercepts != nil && h.intercepts(ch, m)
+}
+
+// InterceptsContent claims a publish with its exchange's name.
+func (h *testHooks) InterceptsContent(ch *Channel, m *wire.BasicPublish, props []byte) (any, bool) {
+	return m.Exchange, h.content != nil && h.content(ch, m, props)
 }
 
 func (h *testHooks) Publish(p *Publish) {
@@ -127,13 +133,27 @@ func publishAndCheck(t *testing.T, ch *amqp.Channel, prefix, key string, n int, 
 	return n - n/3
 }
 
+// withHeaders, passed to checkConfirms, gives every other message a
+// headers table.
+var withHeaders = func(i int) amqp.Table {
+	if i%2 == 0 {
+		return amqp.Table{"i": int64(i)}
+	}
+	return nil
+}
+
 // checkConfirms publishes n messages on a channel in confirm mode whose
 // next tag is first, and checks their confirms.
-func checkConfirms(t *testing.T, ch *amqp.Channel, confirms <-chan amqp.Confirmation, first uint64, prefix, key string, n int, fate func(body string) (bool, bool)) {
+// With headers set, message i carries headers(i).
+func checkConfirms(t *testing.T, ch *amqp.Channel, confirms <-chan amqp.Confirmation, first uint64, prefix, key string, n int, fate func(body string) (bool, bool), headers ...func(int) amqp.Table) {
 	t.Helper()
 	ctx := ctxTimeout(t, 30*time.Second)
 	for i := 1; i <= n; i++ {
-		if err := ch.PublishWithContext(ctx, "", key, false, false, amqp.Publishing{Body: fmt.Appendf(nil, "%s-%d", prefix, i)}); err != nil {
+		msg := amqp.Publishing{Body: fmt.Appendf(nil, "%s-%d", prefix, i)}
+		if len(headers) > 0 {
+			msg.Headers = headers[0](i)
+		}
+		if err := ch.PublishWithContext(ctx, "", key, false, false, msg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -217,6 +237,72 @@ func TestInterceptConfirmsRabbitMQ(t *testing.T) {
 	st, err := testbroker.Channel(t, conn).QueueDeclarePassive(q, false, false, false, false, nil)
 	if want := relayed[0] + relayed[1] + relayed[2]; err != nil || st.Messages != want {
 		t.Fatalf("queue holds %d (%v), want the %d relayed", st.Messages, err, want)
+	}
+}
+
+// TestInterceptContent: publishes not taken at basic.publish are offered
+// to InterceptsContent when, and only when, their properties carry
+// headers; every third of those is taken over and answered later, the
+// rest relayed, as are the publishes without headers (their method frames
+// held until the header is in). Each client tag must get its own fate, and
+// RabbitMQ must see whole messages (it closes the connection otherwise).
+func TestInterceptContent(t *testing.T) {
+	t.Parallel()
+	for _, upstream := range []string{"fake", "rabbitmq"} {
+		t.Run(upstream, func(t *testing.T) {
+			t.Parallel()
+			hooks := newTakeEveryThird(4, 20*time.Millisecond)
+			hooks.intercepts = nil
+			var offered, without atomic.Int64
+			hooks.content = func(_ *Channel, _ *wire.BasicPublish, props []byte) bool {
+				offered.Add(1)
+				if p, err := wire.DecodeProperties(props); err != nil || p.Headers == nil {
+					without.Add(1)
+				}
+				return true
+			}
+			cfg := Config{Interceptor: hooks}
+			upFate := func(string) (bool, bool) { return true, true }
+			q := "q"
+			if upstream == "fake" {
+				fb := startFakeBroker(t)
+				cfg.Upstream, upFate = fb.url(), fb.fate
+			} else {
+				q = testbroker.DeclareQueue(t, false, nil)
+			}
+			fate := func(body string) (bool, bool) {
+				if ack, ok := hooks.answer(body); ok {
+					return ack, true
+				}
+				return upFate(body)
+			}
+			p := startProxy(t, cfg)
+			conn := p.dial(t, amqp.Config{})
+			var wg sync.WaitGroup
+			for c := range 3 {
+				ch := testbroker.Channel(t, conn)
+				if err := ch.Confirm(false); err != nil {
+					t.Fatal(err)
+				}
+				confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 600))
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					checkConfirms(t, ch, confirms, 1, fmt.Sprintf("ch%d", c), q, 600, fate, withHeaders)
+				}()
+			}
+			wg.Wait()
+			hooks.wg.Wait()
+			if offered.Load() != 3*300 || without.Load() != 0 || hooks.taken.Load() != 3*100 {
+				t.Fatalf("offered %d publishes (%d without headers), took %d; want 900, 0, 300", offered.Load(), without.Load(), hooks.taken.Load())
+			}
+			if upstream == "rabbitmq" {
+				st, err := testbroker.Channel(t, conn).QueueDeclarePassive(q, false, false, false, false, nil)
+				if err != nil || st.Messages != 3*500 {
+					t.Fatalf("queue holds %d (%v), want the 1500 relayed", st.Messages, err)
+				}
+			}
+		})
 	}
 }
 

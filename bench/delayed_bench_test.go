@@ -260,6 +260,7 @@ func benchDelayedVsDirect(b *testing.B, publishers, window int) {
 // due time.
 func BenchmarkRelease_Lateness10k(b *testing.B) {
 	b.Run("proxy", func(b *testing.B) { benchLateness(b, latenessProxy) })
+	b.Run("proxy-delivery-time", func(b *testing.B) { benchLateness(b, latenessProxyDeliveryTime) })
 	b.Run("ttl-dlx", func(b *testing.B) { benchLateness(b, latenessTTL) })
 	b.Run("paced-direct", func(b *testing.B) { benchLateness(b, latenessPaced) })
 	b.Run("paced-confirmed", func(b *testing.B) { benchLateness(b, latenessPacedConfirmed) })
@@ -284,7 +285,13 @@ const (
 	// latenessProxyUnderIntake is latenessProxy with a publisher of more
 	// delayed messages running flat out meanwhile.
 	latenessProxyUnderIntake
-	latenessTTL          // a wait queue with per-message TTL, dead-lettered
+	// latenessProxyDeliveryTime is latenessProxy with half the messages
+	// (every other one of the shuffled order) published to the default
+	// exchange with x-opt-delivery-time = due(k) rounded up to the
+	// millisecond, beside the x-delay ones, in the same run; it reports
+	// the lateness of each kind apart too (dt-*, xdelay-*).
+	latenessProxyDeliveryTime
+	latenessTTL // a wait queue with per-message TTL, dead-lettered
 	// latenessPaced publishes each message straight to the work queue at
 	// its due time: no delay mechanism at all. It is the floor of this
 	// machine and broker (timer wake-ups, publish, routing, delivery).
@@ -303,7 +310,8 @@ const (
 )
 
 func benchLateness(b *testing.B, mode int) {
-	viaProxy := mode == latenessProxy || mode == latenessProxyUnderIntake
+	mixed := mode == latenessProxyDeliveryTime
+	viaProxy := mode == latenessProxy || mode == latenessProxyUnderIntake || mixed
 	const (
 		n          = 30_000
 		perSec     = 10_000
@@ -369,6 +377,8 @@ func benchLateness(b *testing.B, mode int) {
 	}()
 
 	var late []time.Duration
+	var lateKind [2][]time.Duration // mixed: [0] x-delay, [1] x-opt-delivery-time
+	isDT := func(k int) bool { return mixed && k%2 == 1 }
 	early := 0
 	var span time.Duration // from the first due time to the last arrival, summed over runs
 	var intook int         // messages the intake publisher had confirmed
@@ -389,18 +399,44 @@ func benchLateness(b *testing.B, mode int) {
 			}
 			go publishPaced(b, paced, confirmed, work, n, at)
 		} else {
-			publishShared(b, pubs, exchange, key, n, func(i int) amqp.Publishing {
-				k := order[i]
+			msg := func(k int) amqp.Publishing {
+				m := amqp.Publishing{Body: payload64, MessageId: strconv.Itoa(k), DeliveryMode: amqp.Persistent}
+				if isDT(k) {
+					m.Headers = amqp.Table{"x-opt-delivery-time": (due(k).UnixNano() + 999_999) / 1e6}
+					return m
+				}
 				// Rounded up, so that neither way may release before due(k).
 				ms := strconv.FormatInt(int64((time.Until(due(k))+time.Millisecond-1)/time.Millisecond), 10)
-				m := amqp.Publishing{Body: payload64, MessageId: strconv.Itoa(k), DeliveryMode: amqp.Persistent}
 				if viaProxy {
 					m.Headers = amqp.Table{"x-delay": ms}
 				} else {
 					m.Expiration = ms
 				}
 				return m
-			})
+			}
+			if mixed {
+				// Half the publishers send the x-delay messages to the
+				// delayed exchange, half the others to the default
+				// exchange, at once.
+				var xdelay, dt []int
+				for _, k := range order {
+					if isDT(k) {
+						dt = append(dt, k)
+					} else {
+						xdelay = append(xdelay, k)
+					}
+				}
+				var wg sync.WaitGroup
+				wg.Go(func() {
+					publishShared(b, pubs[:publishers/2], exchange, key, len(xdelay), func(i int) amqp.Publishing { return msg(xdelay[i]) })
+				})
+				wg.Go(func() {
+					publishShared(b, pubs[publishers/2:], "", work, len(dt), func(i int) amqp.Publishing { return msg(dt[i]) })
+				})
+				wg.Wait()
+			} else {
+				publishShared(b, pubs, exchange, key, n, func(i int) amqp.Publishing { return msg(order[i]) })
+			}
 			if published := time.Now(); published.After(first) {
 				b.Fatalf("publishing %d messages took %v, past the first due time", n, published.Sub(start))
 			}
@@ -429,6 +465,13 @@ func benchLateness(b *testing.B, mode int) {
 					early++
 				}
 				late = append(late, d)
+				if mixed {
+					kind := 0
+					if isDT(a.id) {
+						kind = 1
+					}
+					lateKind[kind] = append(lateKind[kind], d)
+				}
 				if a.at.After(last) {
 					last = a.at
 				}
@@ -451,6 +494,14 @@ func benchLateness(b *testing.B, mode int) {
 	b.ReportMetric(float64(len(late))/span.Seconds(), "arrivals/s")
 	if intake != nil {
 		b.ReportMetric(float64(intook)/intakeTime.Seconds(), "intake-msgs/s")
+	}
+	for i, kind := range []string{"xdelay", "dt"} {
+		if l := lateKind[i]; len(l) > 0 {
+			slices.Sort(l)
+			b.ReportMetric(ms(l[len(l)/2]), kind+"-p50-ms")
+			b.ReportMetric(ms(l[int(0.99*float64(len(l)-1))]), kind+"-p99-ms")
+			b.ReportMetric(ms(l[len(l)-1]), kind+"-max-ms")
+		}
 	}
 	if viaProxy {
 		within, p99 := proxyLateness(b, proxyHTTP)

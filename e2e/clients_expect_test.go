@@ -99,6 +99,8 @@ var clientChecks = map[string]clientCheck{
 	"delay_zero":    {clientProxyOnly, judgeAtOnce("0")},
 	"delay_missing": {clientProxyOnly, judgeAtOnce(nil)},
 	"tx_delayed":    {clientProxyOnly, judgeTxDelayed},
+	// RabbitMQ 4.4's delivery-time headers on the default exchange (pika).
+	"delivery_time": {clientProxyOnly, judgeDeliveryTime},
 
 	"get": {clientDirectAndProxy, judgeLikeDirect(map[string]any{
 		"body": "hello", "redelivered": false, "message_count": 0, "then_empty": true})},
@@ -348,6 +350,31 @@ func judgeAtOnce(want any) func(cr *clientCheckRun) []clientProblem {
 		}
 		return out
 	}
+}
+
+// judgeDeliveryTime: each case of a client's delivery-time check was
+// confirmed and arrived with its headers as published: a held one no
+// earlier than its least delay (least_ms), one relayed at once (least_ms
+// null) at all: they ask for a minute or more if they were held.
+func judgeDeliveryTime(cr *clientCheckRun) []clientProblem {
+	r, p := cr.result(targetProxy)
+	if p != nil {
+		return []clientProblem{*p}
+	}
+	var out []clientProblem
+	for _, name := range slices.Sorted(maps.Keys(r)) {
+		c, ok := r[name].(map[string]any)
+		if !ok {
+			out = append(out, clientProblem{msg: fmt.Sprintf("%s: result %v", name, r[name])})
+			continue
+		}
+		least, _ := clientNumber(c, "least_ms")
+		out = append(out, judgeArrival(name, c, int64(least))...)
+		if c["arrived"] == true && c["headers_unchanged"] != true {
+			out = append(out, clientProblem{msg: name + ": headers changed on the way"})
+		}
+	}
+	return out
 }
 
 // judgeTxDelayed: a delayed publish inside a transaction is stored at

@@ -59,7 +59,7 @@ var suiteClients = []clientSpec{
 	{name: "amqp091-go", checks: clientGenericChecks,
 		released: releasedDecoding{releasedSigned("int64"), releasedSigned("int32")},
 		run:      runGoClient},
-	{name: "pika", checks: clientGenericChecks,
+	{name: "pika", checks: append(slices.Clone(clientGenericChecks), "delivery_time"),
 		released: releasedDecoding{releasedUnsigned(64, "long"), releasedSigned("int")},
 		run:      clientCommand(clientPython, "python/pika_checks.py")},
 	{name: "py-amqp", checks: clientGenericChecks,

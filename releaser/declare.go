@@ -25,8 +25,8 @@ func (r *Releaser) redeclare(ctx context.Context, vhost string, batch []*store.M
 		}
 		seen[name] = true
 		def, ok := r.cfg.Registry.Exchange(vhost, name)
-		if !ok {
-			continue
+		if !ok || def.Kind != store.KindDelayed {
+			continue // never declare an exchange of delivery-time messages
 		}
 		c, err := r.conn(ctx, vhost)
 		if err == nil {

@@ -19,7 +19,7 @@
 //     failed one, which the scheduler retries first.
 //   - What is released is the stored message: routing key, properties and
 //     body as the client sent them. Only the header x-delay is set, to
-//     minus the delay; every other byte of the properties is the client's,
+//     minus the delay (not for a delivery-time message, Delay 0); every other byte of the properties is the client's,
 //     headers in their order with their types. x-delay is a signed 64-bit
 //     'l' (RabbitMQ 3.13 and later), or with DelayInt32 a signed 32-bit 'I'
 //     (the plugin up to 3.12) when the value fits.
@@ -31,6 +31,13 @@
 //     the releaser declares it again from the registry's definition,
 //     arguments byte for byte, and the message is retried: the registry, not
 //     the broker, says whether a delayed exchange exists.
+//   - An exchange of delivery-time messages (store.KindDeliveryTime) is
+//     never declared: after a release to it met 404, it is checked with a
+//     passive exchange.declare before each retry, and its messages are
+//     dropped (reported confirmed) and counted and logged as unroutable
+//     once MissingChecks checks in a row found it missing.
+//   - Delivery-time messages (Delay 0) are released with the client's
+//     properties byte for byte: no x-delay is set.
 //   - A stored record that can never be released (properties that do not
 //     parse, a content header over frame_max) is logged and reported
 //     confirmed, so it leaves the store.

@@ -61,19 +61,24 @@ func (e *encoder) reset() {
 }
 
 // add appends the frames of one release of m: its routing, its properties
-// byte for byte except x-delay, set to -Delay as delayType says, and its
+// byte for byte except x-delay, set to -Delay as delayType says (unless
+// Delay is 0: a delivery-time message keeps every byte), and its
 // body in frames of at most frameMax bytes. It appends nothing when m
 // cannot be released (a corrupt record, or a header over frameMax).
 func (e *encoder) add(m *store.Message, frameMax int, delayType DelayType) error {
 	if len(m.Exchange) > math.MaxUint8 || len(m.RoutingKey) > math.MaxUint8 {
 		return fmt.Errorf("exchange or routing key longer than 255 bytes")
 	}
-	var err error
-	e.props, err = wire.AppendWithHeader(e.props[:0], m.Properties, headerDelay, e.delayField(m.Delay, delayType))
-	if err != nil {
-		return err
+	props := m.Properties // a delivery-time message (Delay 0): the client's bytes
+	if m.Delay != 0 {
+		var err error
+		e.props, err = wire.AppendWithHeader(e.props[:0], m.Properties, headerDelay, e.delayField(m.Delay, delayType))
+		if err != nil {
+			return err
+		}
+		props = e.props
 	}
-	if headerSize := 12 + len(e.props); headerSize > frameMax-wire.FrameOverhead {
+	if headerSize := 12 + len(props); headerSize > frameMax-wire.FrameOverhead {
 		return fmt.Errorf("%w: %d bytes, frame_max %d", errHeaderTooLarge, headerSize+wire.FrameOverhead, frameMax)
 	}
 
@@ -86,7 +91,7 @@ func (e *encoder) add(m *store.Message, frameMax int, delayType DelayType) error
 
 	at = len(e.buf)
 	e.buf = append(e.buf, wire.FrameHeader, 0, releaseChannel, 0, 0, 0, 0)
-	e.buf = wire.AppendContentHeader(e.buf, wire.ContentHeader{ClassID: classBasic, BodySize: uint64(len(m.Body)), Properties: e.props})
+	e.buf = wire.AppendContentHeader(e.buf, wire.ContentHeader{ClassID: classBasic, BodySize: uint64(len(m.Body)), Properties: props})
 	e.buf = endFrame(e.buf, at)
 
 	inline := len(m.Body) <= inlineBody

@@ -85,7 +85,7 @@ type Releaser struct {
 	cfg  Config
 	acct amqpurl.Endpoint
 
-	mu      sync.Mutex // guards conns, dialled, failed, dials and closed
+	mu      sync.Mutex // guards conns, dialled, failed, missing, dials and closed
 	conns   map[string]*conn
 	dialled map[string]bool // vhosts connected at least once: a new dial is a reconnect
 	// failed is when a vhost's publish last failed before anything was
@@ -94,8 +94,11 @@ type Releaser struct {
 	// published, so that they cannot overtake the failed one, which the
 	// scheduler retries first.
 	failed map[string]time.Time
-	dials  int // dial attempts, for tests
-	closed bool
+	// missing holds the delivery-time exchanges a release found missing,
+	// with how many checks in a row found them missing since (missing.go).
+	missing map[exchangeID]int
+	dials   int // dial attempts, for tests
+	closed  bool
 
 	wg sync.WaitGroup // every goroutine it starts: Warm's dials, each connection's reader and heartbeat
 }
@@ -129,7 +132,7 @@ func New(cfg Config) (*Releaser, error) {
 	if cfg.Name == "" {
 		cfg.Name = "delayproxy releaser"
 	}
-	return &Releaser{cfg: cfg, acct: acct, conns: map[string]*conn{}, dialled: map[string]bool{}, failed: map[string]time.Time{}}, nil
+	return &Releaser{cfg: cfg, acct: acct, conns: map[string]*conn{}, dialled: map[string]bool{}, failed: map[string]time.Time{}, missing: map[exchangeID]int{}}, nil
 }
 
 // Release publishes batch in order and reports which messages RabbitMQ
@@ -180,6 +183,9 @@ func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*stor
 		r.markFailed(vhost)
 		return func() {}
 	}
+	if idx = r.dropMissing(ctx, c, vhost, batch, idx, confirmed); len(idx) == 0 {
+		return func() {}
+	}
 	p, err := c.publish(batch, idx, confirmed)
 	if err != nil {
 		r.markFailed(vhost)
@@ -195,7 +201,7 @@ func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*stor
 		case <-c.dead:
 			r.drop(c)
 			if e, ok := c.err.(*wire.Error); ok && e.Code == wire.NotFound {
-				r.redeclare(ctx, vhost, batch, idx)
+				r.redeclare(ctx, vhost, batch, r.noteMissing(vhost, batch, idx, confirmed))
 			}
 		default:
 		}

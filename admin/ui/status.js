@@ -178,7 +178,8 @@
       return el("tr", {},
         el("td", { "data-col": "vhost" }, e.vhost),
         name,
-        el("td", { "data-col": "type" }, e.type ? el("span", { class: "tag" }, e.type) : ""),
+        el("td", { "data-col": "type" }, e.type ? el("span", { class: "tag" }, e.type)
+          : e.kind === "delivery-time" ? el("span", { class: "tag", title: "Holds messages published with x-opt-delivery-time or x-opt-delivery-delay" }, "delivery-time") : ""),
         el("td", { class: "num", "data-col": "pending" }, count(e.pending)),
         due);
     }));

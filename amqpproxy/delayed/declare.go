@@ -72,7 +72,10 @@ func inequivalentDelayedType(vhost, name, received, current string) error {
 // texts; only once it has found them equivalent does the proxy refuse the
 // x-delayed-type, naming it (the real exchange's type would otherwise make
 // RabbitMQ name 'type', an argument the client never sent). Nothing is
-// recorded then.
+// recorded then. An ordinary exchange registered for its delivery-time
+// messages (KindDeliveryTime) has no x-delayed-type: RabbitMQ judges the
+// declare against the real exchange, and once it accepted it the entry
+// becomes a delayed exchange, its pending messages kept.
 func (h *connHooks) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
 	up, err := realDeclare(m)
 	if err != nil {
@@ -80,7 +83,7 @@ func (h *connHooks) declare(call *amqpproxy.Call, m *wire.ExchangeDeclare) {
 		return
 	}
 	var inequivalent error
-	if cur, ok := h.i.cfg.Store.Exchange(h.c.VHost, m.Exchange); ok && cur.DelayedType != up.Type {
+	if cur, ok := h.i.cfg.Store.Exchange(h.c.VHost, m.Exchange); ok && cur.Kind == store.KindDelayed && cur.DelayedType != up.Type {
 		inequivalent = inequivalentDelayedType(h.c.VHost, m.Exchange, up.Type, cur.DelayedType)
 		up.Type = cur.DelayedType
 	}

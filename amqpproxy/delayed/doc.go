@@ -1,6 +1,7 @@
 // Package delayed makes exchanges of type x-delayed-message work through the
 // proxy, as RabbitMQ's delayed-message-exchange plugin did, on a RabbitMQ
-// that has no such plugin. Its Interceptor plugs into amqpproxy's seams.
+// that has no such plugin, and RabbitMQ 4.4's delivery-time headers on any
+// exchange. Its Interceptor plugs into amqpproxy's seams.
 //
 // What it takes part in, per client connection:
 //
@@ -20,6 +21,16 @@
 //	    none, zero or negative: relayed at once, header as it was; otherwise
 //	    stored and confirmed with the client's own tag after fsync, once
 //	    RabbitMQ said the user may publish there (Conn.CheckPublish).
+//	basic.publish to any other exchange      -> with Config.DeliveryTimeHeaders,
+//	    once its content header is in (InterceptsContent), and only when
+//	    it carries headers: x-opt-delivery-time (unix ms) or
+//	    x-opt-delivery-delay (ms) asking for a later time is stored like a
+//	    delayed publish, under a registry entry of kind KindDeliveryTime
+//	    (registered by the exchange's first such publish), with Delay 0 so
+//	    that it is released with its properties unchanged; anything else
+//	    is relayed as it was (deliverytime.go).
+//	exchange.delete of such an exchange      -> relayed only: its pending
+//	    messages stay, and meet the exchange (or its absence) at release.
 //	tx.commit / tx.rollback                  -> a transaction's delayed
 //	    publishes are stored before tx.commit goes upstream, withdrawn if
 //	    RabbitMQ does not commit, dropped at tx.rollback.

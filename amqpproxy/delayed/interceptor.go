@@ -60,12 +60,17 @@ func (noMetrics) Refused(metrics.RefuseReason) {}
 type Config struct {
 	Store     Store
 	Scheduler Scheduler
-	// MaxDelay refuses larger x-delay values with 406; 0 means no limit.
+	// MaxDelay refuses larger x-delay values, and delivery times further
+	// ahead, with 406; 0 means no limit.
 	MaxDelay time.Duration
 	// ReleaseWindow rounds due times up to a multiple of it, in whole
 	// milliseconds since the unix epoch (windowDue); 0 or 1 ms keeps them
 	// exact.
 	ReleaseWindow time.Duration
+	// DeliveryTimeHeaders takes publishes to any other exchange that ask
+	// for a delay with x-opt-delivery-time or x-opt-delivery-delay (see
+	// InterceptsContent); false relays them untouched.
+	DeliveryTimeHeaders bool
 	// Now is the wall clock due times are computed from; default time.Now.
 	Now func() time.Time
 	// QueueLen bounds each connection's publishes waiting to be stored;
@@ -162,7 +167,10 @@ func (h *connHooks) Method(call *amqpproxy.Call) {
 			return
 		}
 	case *wire.ExchangeDelete:
-		if _, ok := h.i.cfg.Store.Exchange(h.c.VHost, m.Exchange); ok {
+		// The delete of an exchange with delivery-time messages is only
+		// relayed: they stay, and meet the exchange at their release, gone
+		// or declared again by then (see releaser).
+		if d, ok := h.i.cfg.Store.Exchange(h.c.VHost, m.Exchange); ok && d.Kind == store.KindDelayed {
 			h.delete(call, m)
 			return
 		}

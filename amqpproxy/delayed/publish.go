@@ -23,6 +23,9 @@ type job struct {
 type claim struct {
 	def       store.ExchangeDef
 	declaring chan struct{} // non-nil: def is looked up once it is closed
+	// dt is set for a publish InterceptsContent took: one that asked for a
+	// delay with a delivery-time header. def is looked up in Publish.
+	dt *deliveryTime
 }
 
 // InterceptsPublish implements amqpproxy.ConnHooks: publishes to a delayed
@@ -40,15 +43,43 @@ func (h *connHooks) InterceptsPublish(_ *amqpproxy.Channel, m *wire.BasicPublish
 		return claim{declaring: wait}, true
 	}
 	d, ok := h.i.cfg.Store.Exchange(h.c.VHost, m.Exchange)
+	if !ok || d.Kind != store.KindDelayed {
+		return nil, false // an exchange with delivery-time messages is no delayed exchange
+	}
+	return claim{def: d}, true
+}
+
+// InterceptsContent implements amqpproxy.ConnHooks: a publish to an
+// exchange that is not a delayed exchange is taken when its headers ask
+// for a delay with x-opt-delivery-time or x-opt-delivery-delay (or for
+// more than the maximum delay, to be refused). Only those two headers are
+// looked for, without decoding the rest of the table.
+func (h *connHooks) InterceptsContent(_ *amqpproxy.Channel, m *wire.BasicPublish, props []byte) (any, bool) {
+	if !h.i.cfg.DeliveryTimeHeaders || m.Immediate {
+		return nil, false // immediate: RabbitMQ's 540, as for x-delay
+	}
+	headers, ok := wire.PropertyHeaders(props)
 	if !ok {
 		return nil, false
 	}
-	return claim{def: d}, true
+	header, v, err := readDeliveryTime(headers)
+	if err != nil || header == "" {
+		return nil, false // a bad table is RabbitMQ's to judge
+	}
+	dt, held := deliveryDue(header, v, h.i.cfg.Now(), h.i.cfg.MaxDelay, h.i.cfg.ReleaseWindow)
+	if !held {
+		return nil, false // past, zero or negative: relayed at once, unchanged
+	}
+	return claim{dt: &dt}, true
 }
 
 // Publish implements amqpproxy.ConnHooks.
 func (h *connHooks) Publish(p *amqpproxy.Publish) {
 	c := p.Claim.(claim)
+	if c.dt != nil {
+		h.publishDeliveryTime(p, c.dt)
+		return
+	}
 	if c.declaring != nil {
 		select {
 		case <-c.declaring:
@@ -81,35 +112,38 @@ func (h *connHooks) Publish(p *amqpproxy.Publish) {
 		p.Relay() // routed at once, header as it was; immediate: RabbitMQ's 540
 		return
 	}
-	if props.UserID != "" && props.UserID != h.c.User {
-		p.CloseChannel(wire.PreconditionFailed, fmt.Sprintf(
-			"user_id property set to '%s' but authenticated user was '%s'", props.UserID, h.c.User))
+	if !h.checkUserID(p, &props) {
 		return
 	}
 	// The proxy releases with its own account: RabbitMQ judges the
 	// client's right to publish here, before anything is stored.
 	if err := h.checkPublish(&c.def, p.Publish.RoutingKey); err != nil {
-		reason := metrics.RefusedUpstream
-		if code, _ := replyOf(err); code == wire.AccessRefused {
-			reason = metrics.RefusedForbidden
-		}
-		h.i.cfg.Metrics.Refused(reason)
-		closePublish(p, err)
+		h.refusedUpstream(p, err)
 		return
 	}
-	msg := &store.Message{
-		VHost:       h.c.VHost,
+	h.take(p, newMessage(h.c.VHost, p, &props, windowDue(DueAt(h.i.cfg.Now(), ms), h.i.cfg.ReleaseWindow), ms, c.def.Incarnation))
+}
+
+// newMessage is the stored form of the publish p due at due.
+func newMessage(vhost string, p *amqpproxy.Publish, props *wire.Properties, due, delay int64, incarnation uint64) *store.Message {
+	return &store.Message{
+		VHost:       vhost,
 		Exchange:    p.Publish.Exchange,
 		RoutingKey:  p.Publish.RoutingKey,
 		Mandatory:   p.Publish.Mandatory,
 		Properties:  p.Properties(),
 		Body:        p.Body,
-		Due:         windowDue(DueAt(h.i.cfg.Now(), ms), h.i.cfg.ReleaseWindow),
-		Delay:       ms,
+		Due:         due,
+		Delay:       delay,
 		Priority:    props.Priority,
 		MessageID:   props.MessageID,
-		Incarnation: c.def.Incarnation,
+		Incarnation: incarnation,
 	}
+}
+
+// take keeps msg, the stored form of p, with its transaction, or queues it
+// for the storer, which answers p once it is durable.
+func (h *connHooks) take(p *amqpproxy.Publish, msg *store.Message) {
 	if p.Channel.TxMode() {
 		h.tx[p.Channel] = append(h.tx[p.Channel], msg)
 		p.Ack() // done; tx.commit stores it
@@ -119,6 +153,28 @@ func (h *connHooks) Publish(p *amqpproxy.Publish) {
 	case h.queue <- &job{msg: msg, pub: p}:
 	case <-h.c.Done():
 	}
+}
+
+// checkUserID refuses p, as RabbitMQ does, when its user_id property is
+// not the connection's user.
+func (h *connHooks) checkUserID(p *amqpproxy.Publish, props *wire.Properties) bool {
+	if props.UserID != "" && props.UserID != h.c.User {
+		p.CloseChannel(wire.PreconditionFailed, fmt.Sprintf(
+			"user_id property set to '%s' but authenticated user was '%s'", props.UserID, h.c.User))
+		return false
+	}
+	return true
+}
+
+// refusedUpstream closes p's channel with RabbitMQ's refusal err of the
+// publish permission, and counts it.
+func (h *connHooks) refusedUpstream(p *amqpproxy.Publish, err error) {
+	reason := metrics.RefusedUpstream
+	if code, _ := replyOf(err); code == wire.AccessRefused {
+		reason = metrics.RefusedForbidden
+	}
+	h.i.cfg.Metrics.Refused(reason)
+	closePublish(p, err)
 }
 
 // checkPublish asks RabbitMQ (Conn.CheckPublish) whether the client's user

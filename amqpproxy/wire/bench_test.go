@@ -103,3 +103,27 @@ func BenchmarkAppendWithHeader(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPropertyHeadersFind is what a relayed publish that carries a
+// headers table pays for the delivery-time headers: find the table in the
+// content header's properties and scan it for two names that are not
+// there.
+func BenchmarkPropertyHeadersFind(b *testing.B) {
+	_, h := publishFrames(b)
+	names := []string{"x-opt-delivery-time", "x-opt-delivery-delay"}
+	found := 0
+	fn := func(int, any) { found++ }
+	b.ReportAllocs()
+	for b.Loop() {
+		t, ok := PropertyHeaders(h[12:])
+		if !ok {
+			b.Fatal("no headers")
+		}
+		if err := t.Find(names, fn); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if found != 0 {
+		b.Fatal("found a name that is not there")
+	}
+}

@@ -268,3 +268,37 @@ func checkProperties(t *testing.T, raw []byte) {
 		t.Fatalf("AppendWithHeader changed other properties:\n got %+v\nwant %+v", q, p)
 	}
 }
+
+// FuzzPropertyHeaders: the raw scan of a property block for the headers
+// table (PropertyHeaders), and of the table for a few names (Find), agree
+// with the full decode wherever it succeeds, and never panic on any input.
+func FuzzPropertyHeaders(f *testing.F) {
+	for _, p := range seedProperties() {
+		f.Add(p)
+	}
+	dt, _ := EncodeTable(map[string]any{"x-opt-delivery-time": int64(1_800_000_000_000), "x-opt-delivery-delay": uint8(5), "a": "b"})
+	f.Add(appendProperties(nil, Properties{ContentType: "t", ContentEncoding: "e", Headers: dt, Priority: 3, Flags: FlagPriority}))
+	names := []string{"x-opt-delivery-time", "x-opt-delivery-delay", "x-delay"}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		tb, ok := PropertyHeaders(raw)
+		var found [3]any
+		var seen [3]bool
+		findErr := tb.Find(names, func(i int, v any) { found[i], seen[i] = v, true })
+		p, err := DecodeProperties(raw)
+		if err != nil {
+			return
+		}
+		if ok != (p.Flags&FlagHeaders != 0) || !bytes.Equal(tb, p.Headers) {
+			t.Fatalf("PropertyHeaders = %x, %v; DecodeProperties has %x (flags %04x)", tb, ok, p.Headers, p.Flags)
+		}
+		if findErr != nil {
+			t.Fatalf("Find on a decoded table: %v", findErr)
+		}
+		for i, name := range names {
+			v, present, err := p.Headers.Get(name)
+			if err != nil || present != seen[i] || (present && !sameValue(t, v, found[i])) {
+				t.Fatalf("Find(%q) = %#v, %v; Get = %#v, %v, %v", name, found[i], seen[i], v, present, err)
+			}
+		}
+	})
+}

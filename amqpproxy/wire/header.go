@@ -307,3 +307,42 @@ func AppendWithHeader(dst, props []byte, name string, field []byte) ([]byte, err
 	binary.BigEndian.PutUint32(dst[start-4:start], uint32(len(dst)-start))
 	return append(dst, props[after:l.end]...), nil
 }
+
+// PropertyHeaders returns the headers table of a raw property block (flags
+// words and list, as in ContentHeader.Properties) without decoding
+// anything: it skips content-type and content-encoding, the only
+// properties before it. ok is false when the headers flag is not set or the
+// block is too short for what its flags announce.
+func PropertyHeaders(raw []byte) (t Table, ok bool) {
+	if len(raw) < 2 {
+		return nil, false
+	}
+	flags := binary.BigEndian.Uint16(raw)
+	if flags&FlagHeaders == 0 {
+		return nil, false
+	}
+	off := 2
+	for cont := flags&FlagContinuation != 0; cont; off += 2 {
+		if len(raw) < off+2 {
+			return nil, false
+		}
+		cont = binary.BigEndian.Uint16(raw[off:])&FlagContinuation != 0
+	}
+	for i := range 2 { // content-type, content-encoding: shortstr
+		if flags&propFlag(i) == 0 {
+			continue
+		}
+		if off >= len(raw) {
+			return nil, false
+		}
+		off += 1 + int(raw[off])
+	}
+	if len(raw)-off < 4 {
+		return nil, false
+	}
+	size := binary.BigEndian.Uint32(raw[off:])
+	if uint64(size) > uint64(len(raw)-off-4) {
+		return nil, false
+	}
+	return Table(raw[off+4 : off+4+int(size)]), true
+}

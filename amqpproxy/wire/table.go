@@ -177,6 +177,34 @@ func (t Table) Get(name string) (any, bool, error) {
 	return nil, false, nil
 }
 
+// Find calls fn(i, value) for the first entry named names[i], for each
+// name present, in one pass over t that parses entry lengths only and
+// decodes only those values (as Get does). It stops at the first entry
+// that cannot be parsed and returns its error, having called fn for the
+// names found before it.
+func (t Table) Find(names []string, fn func(i int, v any)) error {
+	var seen uint64 // bit i: names[i] found; names past 64 are never looked for
+	for off := 0; off < len(t); {
+		e, err := t.next(off, false)
+		if err != nil {
+			return err
+		}
+		for i, name := range names {
+			if i < 64 && seen&(1<<i) == 0 && string(e.name) == name {
+				seen |= 1 << i
+				v, err := decodeValue(e.typ, e.val, 0)
+				if err != nil {
+					return entryError(e.name, err)
+				}
+				fn(i, v)
+				break
+			}
+		}
+		off = e.end
+	}
+	return nil
+}
+
 // decodeValue decodes one value whose extent valueSize already checked.
 func decodeValue(typ byte, v []byte, depth int) (any, error) {
 	switch typ {

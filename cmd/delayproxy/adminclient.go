@@ -69,8 +69,12 @@ func newAdminClient(server, token string) (*adminClient, error) {
 }
 
 // exchangePath is /api/exchanges/{vhost}/{name}, each segment escaped
-// ("/" is %2F, as the API and RabbitMQ's management API want).
+// ("/" is %2F, as the API and RabbitMQ's management API want; the default
+// exchange "" is amq.default).
 func exchangePath(vhost, name string) string {
+	if name == "" {
+		name = admin.DefaultExchangeAlias
+	}
 	return "/api/exchanges/" + url.PathEscape(vhost) + "/" + url.PathEscape(name)
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"strconv"
+
+	"github.com/delayproxy/delayproxy/admin"
 )
 
 var exchangesCommand = &cliCommand{
@@ -12,7 +14,9 @@ var exchangesCommand = &cliCommand{
 	about: `Lists the delayed exchanges (type x-delayed-message) of every vhost, or of
 --vhost, with how many messages each holds and when the next one is due. An
 exchange deleted while it still held messages shows the type "(deleted)"
-until they are discarded.`,
+until they are discarded. An ordinary exchange holding messages published
+with x-opt-delivery-time or x-opt-delivery-delay shows "(delivery-time)";
+the default exchange has the empty name (amq.default in the API's paths).`,
 	vhost: "",
 	flags: func(fs *flag.FlagSet) func(context.Context, *cliRun) error {
 		return listExchanges
@@ -43,10 +47,13 @@ func listExchanges(ctx context.Context, r *cliRun) error {
 	row(t, "VHOST", "EXCHANGE", "TYPE", "PENDING", "NEXT DUE", "DUE IN")
 	for _, e := range list.Exchanges {
 		typ := e.DelayedType
+		if e.Kind == admin.KindDeliveryTime {
+			typ = "(" + admin.KindDeliveryTime + ")"
+		}
 		if !e.Registered {
 			typ = "(deleted)"
 		}
-		row(t, e.VHost, e.Name, typ, strconv.FormatInt(e.Pending, 10), orDash(e.NextDue), orDash(dueIn(e.NextDueMs, now)))
+		row(t, e.VHost, exchangeCell(e.Name), typ, strconv.FormatInt(e.Pending, 10), orDash(e.NextDue), orDash(dueIn(e.NextDueMs, now)))
 	}
 	return t.Flush()
 }

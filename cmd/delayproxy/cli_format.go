@@ -62,6 +62,15 @@ func shortDuration(d time.Duration) string {
 	return "0s"
 }
 
+// exchangeCell is an exchange's name in a table: the default exchange,
+// whose name is empty, is "(default)", as on the status page.
+func exchangeCell(name string) string {
+	if name == "" {
+		return "(default)"
+	}
+	return name
+}
+
 // orDash is s, or "-" for an empty cell.
 func orDash(s string) string {
 	if s == "" {

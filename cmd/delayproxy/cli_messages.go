@@ -125,7 +125,7 @@ func countMessages(ctx context.Context, r *cliRun) error {
 	}
 	t := r.table()
 	row(t, "VHOST", "EXCHANGE", "PENDING", "NEXT DUE", "DUE IN")
-	row(t, e.VHost, e.Name, strconv.FormatInt(e.Pending, 10), orDash(e.NextDue), orDash(dueIn(e.NextDueMs, r.now())))
+	row(t, e.VHost, exchangeCell(e.Name), strconv.FormatInt(e.Pending, 10), orDash(e.NextDue), orDash(dueIn(e.NextDueMs, r.now())))
 	return t.Flush()
 }
 

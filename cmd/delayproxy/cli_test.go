@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/delayproxy/delayproxy/internal/crashtest"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
 func TestCLIReads(t *testing.T) {
@@ -377,5 +381,40 @@ func TestCLIBinary(t *testing.T) {
 	cmd, stdout, stderr = command(t, map[string]string{"DELAYPROXY_HTTP_ADDR": p.httpAddr, "DELAYPROXY_ADMIN_TOKEN": cliToken}, "upcoming")
 	if code := exitCode(cmd.Run()); code != 0 || !strings.Contains(stdout.String(), "total") {
 		t.Errorf("with the token: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+// TestCLIDeliveryTime: the default exchange holding a message published
+// with x-opt-delivery-delay shows as "(default)" of type
+// "(delivery-time)", and is counted and cancelled by its API name
+// amq.default.
+func TestCLIDeliveryTime(t *testing.T) {
+	p := startCLIProxy(t)
+	conn := testbroker.Dial(t, p.amqpURL)
+	ch := testbroker.Channel(t, conn)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", "nowhere", false, false, amqp.Publishing{
+		Headers: amqp.Table{"x-opt-delivery-delay": int32(3_600_000)}, MessageId: "dt", Body: []byte("dt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+		t.Fatalf("not confirmed: %v", err)
+	}
+	r := p.cli(t, withToken, nil, "exchanges")
+	rows := tableRows(r.stdout)
+	if r.code != 0 || len(rows) != 2 || !reflect.DeepEqual(rows[1][:4], []string{"/", "(default)", "(delivery-time)", "1"}) {
+		t.Fatalf("exchanges: exit %d\n%s", r.code, r.stdout)
+	}
+	if r := p.cli(t, withToken, nil, "messages", "count", "amq.default"); r.code != 0 || tableRows(r.stdout)[1][2] != "1" {
+		t.Fatalf("messages count amq.default: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := p.cli(t, withToken, nil, "messages", "cancel", "amq.default", "--message-id", "dt"); r.code != 0 {
+		t.Fatalf("messages cancel: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := p.cli(t, withToken, nil, "messages", "count", "amq.default"); r.code != 0 || tableRows(r.stdout)[1][2] != "0" {
+		t.Fatalf("after cancel: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }

@@ -242,7 +242,7 @@ func (s *Store) check() error {
 }
 
 func equalDef(a, b store.ExchangeDef) bool {
-	return a.VHost == b.VHost && a.Name == b.Name && a.DelayedType == b.DelayedType &&
+	return a.VHost == b.VHost && a.Name == b.Name && a.Kind == b.Kind && a.DelayedType == b.DelayedType &&
 		a.Durable == b.Durable && a.AutoDelete == b.AutoDelete && a.Internal == b.Internal &&
 		bytes.Equal(a.Arguments, b.Arguments) && a.Incarnation == b.Incarnation
 }

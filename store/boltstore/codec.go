@@ -24,22 +24,28 @@ import (
 //	| body (rest of the value)       |
 //	+--------------------------------+
 //
-// An exchange definition: ver (1), flags (1: durable, 2: auto-delete,
-// 4: internal), incarnation (8 B BE), uvarint len + x-delayed-type, then the
-// raw argument table as the rest of the value.
+// An exchange definition: ver (1 or 2), flags (1: durable, 2: auto-delete,
+// 4: internal, 8: delivery-time kind), incarnation (8 B BE), uvarint len +
+// x-delayed-type, then the raw argument table as the rest of the value.
+// A KindDelayed entry is written as version 1, byte for byte as before
+// store.ExchangeKind existed; a KindDeliveryTime entry as version 2, with
+// flag 8, so that an older delayproxy refuses the file instead of taking
+// the entry for a delayed exchange. Both versions are read.
 
 // Encoding versions. A decoder refuses versions it does not know.
 const (
-	msgVersion = 1
-	defVersion = 1
+	msgVersion             = 1
+	defVersion             = 1
+	defVersionDeliveryTime = 2
 
 	msgHeaderSize = 10 // version, flags, incarnation
 	flagMandatory = 1 << 0
 	flagMessageID = 1 << 1
 
-	defDurable    = 1 << 0
-	defAutoDelete = 1 << 1
-	defInternal   = 1 << 2
+	defDurable      = 1 << 0
+	defAutoDelete   = 1 << 1
+	defInternal     = 1 << 2
+	defDeliveryTime = 1 << 3
 )
 
 // errCorrupt is wrapped by decoders: a stored value does not decode.
@@ -190,6 +196,10 @@ func (r *reader) bytes() []byte {
 func encodeExchange(d *store.ExchangeDef) []byte {
 	b := make([]byte, 10, 10+binary.MaxVarintLen32+len(d.DelayedType)+len(d.Arguments))
 	b[0] = defVersion
+	if d.Kind == store.KindDeliveryTime {
+		b[0] = defVersionDeliveryTime
+		b[1] |= defDeliveryTime
+	}
 	if d.Durable {
 		b[1] |= defDurable
 	}
@@ -212,8 +222,12 @@ func decodeExchange(k, v []byte) (store.ExchangeDef, error) {
 	if r.err != nil {
 		return d, r.err
 	}
-	if len(v) < 10 || v[0] != defVersion {
+	if len(v) < 10 || (v[0] != defVersion && v[0] != defVersionDeliveryTime) ||
+		(v[0] == defVersionDeliveryTime) != (v[1]&defDeliveryTime != 0) {
 		return d, fmt.Errorf("%w: exchange definition", errCorrupt)
+	}
+	if v[1]&defDeliveryTime != 0 {
+		d.Kind = store.KindDeliveryTime
 	}
 	d.VHost, d.Name = string(vhost), string(r.b)
 	d.Durable = v[1]&defDurable != 0

@@ -187,6 +187,10 @@ func testScanKeysInChunks(t *testing.T, h *harness) {
 func testReopenKeepsEverything(t *testing.T, h *harness) {
 	d := h.exchange("v1", "x")
 	h.exchange("v1", "y")
+	dt := store.ExchangeDef{VHost: "v1", Name: "", Kind: store.KindDeliveryTime}
+	if err := h.s.PutExchange(context.Background(), &dt); err != nil {
+		t.Fatalf("PutExchange of a delivery-time exchange: %v", err)
+	}
 	var msgs []*store.Message
 	for i := range 50 {
 		m := msg("x", base+int64(i%7)*hour+int64(i), uint8(i%3), fmt.Sprint(i))
@@ -208,6 +212,11 @@ func testReopenKeepsEverything(t *testing.T, h *harness) {
 		got.DelayedType != d.DelayedType || got.Durable != d.Durable || got.AutoDelete != d.AutoDelete ||
 		got.Internal != d.Internal || !bytes.Equal(got.Arguments, d.Arguments) || got.Incarnation != d.Incarnation {
 		t.Fatalf("Exchange after reopen %+v %v, want %+v", got, ok, d)
+	}
+	for _, want := range []store.ExchangeDef{d, dt} {
+		if got, ok := h.s.Exchange(want.VHost, want.Name); !ok || got.Kind != want.Kind || got.Incarnation != want.Incarnation {
+			t.Fatalf("Exchange %q after reopen: kind %d, incarnation %d, %v; want kind %d, incarnation %d", want.Name, got.Kind, got.Incarnation, ok, want.Kind, want.Incarnation)
+		}
 	}
 	got, err := h.s.Get(keysOf(msgs))
 	if err != nil {

@@ -32,6 +32,9 @@ DELAY_FLOAT = 400.7
 DELAY_TOPIC = 300
 DELAY_INT32 = 450
 DELAY_TX = 300
+# x-opt-delivery-delay, and x-opt-delivery-time as ms after the publish.
+DT_DELAY = 300
+DT_TIME = 400
 
 # How many connections close_reopen closes with publishes in flight: a
 # reset after close-ok comes in a third to a half of them (amqplib).

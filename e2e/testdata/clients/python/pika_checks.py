@@ -1,6 +1,7 @@
 """The e2e client suite's checks with pika (python3-pika), a program of its
 own under /usr/bin/python3: see common.py and e2e/clients_test.go."""
 
+import datetime
 import decimal
 import re
 import time
@@ -9,7 +10,7 @@ import pika
 import pika.exceptions
 
 from common import (ARRIVAL_TIMEOUT, CLOSE_ROUNDS, DELAY_FLOAT, DELAY_INT, DELAY_INT32,
-                    DELAY_STRING, DELAY_TOPIC, DELAY_TX, header_value, name,
+                    DELAY_STRING, DELAY_TOPIC, DELAY_TX, DT_DELAY, DT_TIME, header_value, name,
                     now_ms, run, text, url)
 
 
@@ -116,6 +117,52 @@ def delayed(target, cases, emit_declare):
             if check == "delay_topic":
                 result["unroutable_arrived"] = "delay_topic_unroutable" in got
             run(check, target, lambda: result)
+    finally:
+        c.close()
+
+
+def delivery_time(target):
+    """RabbitMQ 4.4's delivery-time headers through the default exchange:
+    per case, whether it was confirmed, when it arrived (ms after the
+    publish), and whether its headers arrived as published."""
+    c = connect(target)
+    try:
+        ch = c.channel()
+        ch.confirm_delivery()
+        q = new_queue(ch)
+        start = now_ms()  # before wall: a time wall + d is d ms or more after start
+        wall = int(time.time() * 1000)
+        secs = wall // 1000 + 2  # a whole second, 1-2 s ahead: a timestamp ('T')
+        cases = [  # name, headers, least delay in ms (None: at once)
+            ("delay_int", {"x-opt-delivery-delay": DT_DELAY}, DT_DELAY),
+            ("time_long", {"x-opt-delivery-time": wall + DT_TIME}, DT_TIME),
+            ("time_timestamp", {"x-opt-delivery-time": datetime.datetime.fromtimestamp(secs, datetime.timezone.utc).replace(tzinfo=None)},
+             secs * 1000 - wall - 1),
+            ("both_time_decides", {"x-opt-delivery-time": wall + DT_TIME, "x-opt-delivery-delay": 1}, DT_TIME),
+            ("time_past", {"x-opt-delivery-time": wall - 1000}, None),
+            ("delay_zero", {"x-opt-delivery-delay": 0}, None),
+            ("delay_negative", {"x-opt-delivery-delay": -5}, None),
+            ("delay_string", {"x-opt-delivery-delay": "60000"}, None),
+            ("delay_decimal", {"x-opt-delivery-delay": decimal.Decimal("60000.5")}, None),
+        ]
+        sent = {}
+        for case, headers, _ in cases:
+            # A delay counts from its publish, a time from start.
+            t0 = start if "x-opt-delivery-time" in headers else now_ms()
+            try:
+                ch.basic_publish("", q, b"dt", pika.BasicProperties(headers=headers, message_id=case))
+                sent[case] = (t0, True)
+            except pika.exceptions.NackError:
+                sent[case] = (t0, False)
+        got = poll(ch, q, {case for case, _, _ in cases})
+        out = {}
+        for case, headers, delay in cases:
+            t0, confirmed = sent[case]
+            at, arrived_headers = got.get(case, (None, None))
+            out[case] = {"confirmed": confirmed, "arrived": at is not None,
+                         "elapsed_ms": None if at is None else at - t0,
+                         "least_ms": delay, "headers_unchanged": arrived_headers == headers}
+        return out
     finally:
         c.close()
 
@@ -394,6 +441,7 @@ def main():
         run("server", target, server, target)
     delayed("proxy", DELAYED_CASES, True)
     delayed("proxy32", [("delay_int", "dx", "k", {"x-delay": DELAY_INT32}, DELAY_INT32)], False)
+    run("delivery_time", "proxy", delivery_time, "proxy")
     for target in ("direct", "proxy"):
         plain(target)
     for target in ("proxy", "proxy32"):
