@@ -71,7 +71,9 @@ func TestTryRacesHaveOneWinner(t *testing.T) {
 
 func TestTryExpiryTakeoverAndEpochs(t *testing.T) {
 	schema := testpg.Schema(t)
-	ttl := func(c *Config) { c.TTL, c.Renew, c.Margin = 400*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond }
+	ttl := func(c *Config) {
+		c.TTL, c.Renew, c.Margin = 400*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
+	}
 	a, b := open(t, schema, "a", ttl), open(t, schema, "b", ttl)
 
 	steps := []struct {
