@@ -1,0 +1,106 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// openTimeout bounds Open's connection and migration when ctx has no
+// deadline.
+const openTimeout = 15 * time.Second
+
+// shards is how many count and tally rows one exchange incarnation and one
+// minute may have: each Open picks one at random and writes only to it, so
+// that nodes do not queue on each other's row locks.
+const shards = 16
+
+// Open connects to the PostgreSQL database at connURL (a postgres:// URL
+// or libpq key=value string: several hosts and target_session_attrs
+// included), creates or migrates the schema Options.Schema, loads the
+// registry and starts the writer and the listener. Its errors are one line
+// each and never show the URL's password.
+func Open(ctx context.Context, connURL string, opts Options) (*Store, error) {
+	opts, err := opts.normalize()
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	where := redact(connURL)
+	cfg, err := pgxpool.ParseConfig(connURL)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: not a valid PostgreSQL URL: %s", where, parseCause(err))
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, openTimeout)
+		defer cancel()
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", where, err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("store %s: cannot connect: %s", where, err)
+	}
+	if err := migrate(ctx, pool, opts.Schema); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("store %s: %s", where, err)
+	}
+	s := &Store{
+		pool:    pool,
+		connCfg: cfg.ConnConfig,
+		opts:    opts,
+		schema:  opts.Schema,
+		shard:   int16(rand.IntN(shards)),
+		node:    fmt.Sprintf("%016x", rand.Uint64()),
+		reqs:    make(chan *request, 4*1024),
+		done:    make(chan struct{}),
+	}
+	// The listener listens before Open returns, so that no change after
+	// the registry's reading goes unheard.
+	conn, err := s.dialListener(ctx)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("store %s: listen: %s", where, err)
+	}
+	if err := s.reload(ctx); err != nil {
+		_ = conn.Close(context.Background())
+		pool.Close()
+		return nil, fmt.Errorf("store %s: read the registry: %s", where, err)
+	}
+	s.stopCtx, s.stopListen = context.WithCancel(context.Background())
+	s.wg.Go(s.writer)
+	s.wg.Go(func() { s.listen(conn) })
+	return s, nil
+}
+
+// redact is the URL with its password replaced, for error messages; a
+// string that is no URL (libpq key=value) is reduced to "the database".
+func redact(connURL string) string {
+	u, err := url.Parse(connURL)
+	if err != nil || u.Scheme == "" {
+		return "(the database)"
+	}
+	return u.Redacted()
+}
+
+// parseCause is the reason pgx gives for a URL it cannot parse, without
+// the URL (pgconn.ParseConfigError repeats it, password masked only on a
+// best-effort basis).
+func parseCause(err error) string {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		if cause := pe.Unwrap(); cause != nil {
+			return cause.Error()
+		}
+		return "cannot parse it"
+	}
+	return err.Error()
+}
