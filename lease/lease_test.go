@@ -10,7 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/delayproxy/delayproxy/internal/testlog"
-	"github.com/delayproxy/delayproxy/internal/testpg"
+	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 	"github.com/delayproxy/delayproxy/scheduler"
 )
@@ -20,7 +20,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // open opens a lease of node holder on schema, closed when the test ends.
 func open(t *testing.T, schema, holder string, change func(*Config)) *Lease {
 	t.Helper()
-	cfg := Config{URL: testpg.URL(), Schema: schema, Holder: holder, Logger: testlog.New()}
+	cfg := Config{URL: teststore.PGURL(), Schema: schema, Holder: holder, Logger: testlog.New()}
 	if change != nil {
 		change(&cfg)
 	}
@@ -43,7 +43,7 @@ func tryOnce(t *testing.T, l *Lease) (int64, bool) {
 }
 
 func TestTryRacesHaveOneWinner(t *testing.T) {
-	schema := testpg.Schema(t)
+	schema := teststore.PGSchema(t)
 	const nodes = 4
 	ls := make([]*Lease, nodes)
 	for i := range ls {
@@ -70,7 +70,7 @@ func TestTryRacesHaveOneWinner(t *testing.T) {
 }
 
 func TestTryExpiryTakeoverAndEpochs(t *testing.T) {
-	schema := testpg.Schema(t)
+	schema := teststore.PGSchema(t)
 	ttl := func(c *Config) {
 		c.TTL, c.Renew, c.Margin = 400*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
 	}
@@ -145,7 +145,7 @@ func run(t *testing.T, l *Lease, lead func(context.Context, int64)) (stop func()
 // the database hands the role to another node; woken up, it ends its term
 // and does not take the role back while the other renews.
 func TestPausedHolderLosesTheRoleFirst(t *testing.T) {
-	schema := testpg.Schema(t)
+	schema := teststore.PGSchema(t)
 	var pauseA atomic.Bool
 	unpause := make(chan struct{})
 	a := open(t, schema, "a", nil)
@@ -196,7 +196,7 @@ func TestPausedHolderLosesTheRoleFirst(t *testing.T) {
 // when the process wakes from SIGSTOP) the role is no longer held although
 // the database still names the node.
 func TestLocalDeadlineIsSendTimePlusTTLLessMargin(t *testing.T) {
-	schema := testpg.Schema(t)
+	schema := teststore.PGSchema(t)
 	clock := scheduler.NewManualClock(time.Unix(1_000_000, 0))
 	var tries atomic.Int32
 	block := make(chan struct{})
