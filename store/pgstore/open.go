@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -47,7 +48,7 @@ func Open(ctx context.Context, connURL string, opts Options) (*Store, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("store %s: cannot connect: %s", where, err)
+		return nil, fmt.Errorf("store %s: cannot connect: %s", where, oneLine(err.Error()))
 	}
 	if err := migrate(ctx, pool, opts.Schema); err != nil {
 		pool.Close()
@@ -95,12 +96,22 @@ func redact(connURL string) string {
 // the URL (pgconn.ParseConfigError repeats it, password masked only on a
 // best-effort basis).
 func parseCause(err error) string {
+	msg := err.Error()
 	var pe *pgconn.ParseConfigError
 	if errors.As(err, &pe) {
-		if cause := pe.Unwrap(); cause != nil {
-			return cause.Error()
+		// "cannot parse `URL`: cause": the cause alone.
+		if _, cause, ok := strings.Cut(msg, "`: "); ok {
+			return oneLine(cause)
 		}
 		return "cannot parse it"
 	}
-	return err.Error()
+	return oneLine(msg)
+}
+
+// oneLine joins the lines of an error message (pgconn lists one line per
+// host it tried).
+func oneLine(msg string) string {
+	msg = strings.ReplaceAll(msg, ":\n\t", ": ")
+	msg = strings.ReplaceAll(msg, "\n\t", "; ")
+	return strings.ReplaceAll(msg, "\n", " ")
 }

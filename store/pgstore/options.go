@@ -60,12 +60,20 @@ type Metrics interface {
 // identifier, so that it never needs quoting in statements or channels.
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
 
+// CheckSchema says why name cannot be Options.Schema, or nil.
+func CheckSchema(name string) error {
+	if !schemaName.MatchString(name) {
+		return fmt.Errorf("schema name %q: want lower-case letters, digits and _ (at most 48), not starting with a digit", name)
+	}
+	return nil
+}
+
 func (o Options) normalize() (Options, error) {
 	if o.Schema == "" {
 		o.Schema = DefaultSchema
 	}
-	if !schemaName.MatchString(o.Schema) {
-		return o, fmt.Errorf("schema name %q: want lower-case letters, digits and _ (at most 48), not starting with a digit", o.Schema)
+	if err := CheckSchema(o.Schema); err != nil {
+		return o, err
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = defaultMaxBatch

@@ -1,0 +1,60 @@
+package delayproxy
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/delayproxy/delayproxy/metrics"
+	"github.com/delayproxy/delayproxy/store"
+	"github.com/delayproxy/delayproxy/store/boltstore"
+	"github.com/delayproxy/delayproxy/store/pgstore"
+)
+
+// openedStore is the store Config selects, with what the metrics read of
+// it and where it is, for the start-up log.
+type openedStore struct {
+	store.Store
+	metrics metrics.Store
+	path    string // the bbolt file, whose size the metrics report; "" for PostgreSQL
+	where   string // the file, or the database URL without its password
+}
+
+// openStore opens the bbolt file in DataDir, or, when Config.Store is set,
+// the PostgreSQL store in Config.StoreSchema, whose notifications of
+// messages due soon go to onNotify. Its error is one line.
+func (p *Proxy) openStore(ctx context.Context, m *metrics.Metrics, onNotify func([]store.Key)) (*openedStore, error) {
+	if p.cfg.Store == "" {
+		path, err := p.cfg.EnsureDataDir()
+		if err != nil {
+			return nil, err
+		}
+		st, err := boltstore.Open(path, boltstore.Options{Metrics: m})
+		if err != nil {
+			return nil, fmt.Errorf("open store %s: %w", path, err)
+		}
+		return &openedStore{Store: st, metrics: st, path: path, where: path}, nil
+	}
+	st, err := pgstore.Open(ctx, p.cfg.Store, pgstore.Options{
+		Schema:   p.cfg.StoreSchema,
+		Metrics:  m,
+		OnNotify: onNotify,
+		Logger:   p.log.With("room", "store"),
+	})
+	if err != nil {
+		return nil, err // names the URL, password hidden
+	}
+	return &openedStore{Store: st, metrics: pgMetrics{st}, where: redactURL(p.cfg.Store) + " schema " + p.cfg.StoreSchema}, nil
+}
+
+// pgMetrics is a PostgreSQL store as the metrics read it: its counters in
+// boltstore's shape, the fields it has.
+type pgMetrics struct{ *pgstore.Store }
+
+// Stats converts the store's counters.
+func (s pgMetrics) Stats() boltstore.Stats {
+	st := s.Store.Stats()
+	return boltstore.Stats{
+		Commits: st.Commits, FailedCommits: st.FailedCommits, Requests: st.Requests, Messages: st.Messages,
+		Deletes: st.Deletes, MaxBatch: st.MaxBatch, CommitTime: st.CommitTime, Stale: st.Stale,
+	}
+}
