@@ -77,7 +77,8 @@ func (p *Proxy) Addrs() (amqpAddr, httpAddr net.Addr) {
 // whichever way it stops: confirmed messages are on disk.
 func (p *Proxy) Run(ctx context.Context) (err error) {
 	m := metrics.New()
-	opened, err := p.openStore(ctx, m, nil)
+	var notices keyNotices // the PostgreSQL store's, to the scheduler
+	opened, err := p.openStore(ctx, m, notices.added)
 	if err != nil {
 		return err
 	}
@@ -109,17 +110,11 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	if p.clock != nil {
 		now = p.clock.Now
 	}
-	sched := scheduler.New(st, rel, scheduler.Options{
-		Clock: p.clock,
-		Rate:  p.cfg.ReleaseRate,
-		// The releaser pipelines: batches are published in release order
-		// while earlier ones wait for RabbitMQ's confirms, so throughput is
-		// not one batch per confirm round trip.
-		MaxInFlight:  MaxReleasesInFlight,
-		DeleteLinger: ReleaseDeleteLinger,
-		Logger:       p.log.With("room", "scheduler"),
-		Metrics:      m,
-	})
+	sched, err := p.newReleasing(ctx, st, rel, m)
+	if err != nil {
+		return err
+	}
+	notices.to(sched)
 	if err := m.RegisterBacklog(sched); err != nil {
 		return err
 	}

@@ -29,11 +29,22 @@ const maxInbox = 1 << 16
 // the loop: when its bounded inbox is full, the loader reads the message
 // from disk instead.
 func (s *Scheduler) Added(msgs ...*store.Message) {
+	s.add(len(msgs), func(i int) store.Key { return msgs[i].Key })
+}
+
+// AddedKeys is Added for keys stored elsewhere: another node of a cluster
+// announced them (committed).
+func (s *Scheduler) AddedKeys(keys ...store.Key) {
+	s.add(len(keys), func(i int) store.Key { return keys[i] })
+}
+
+// add queues the n keys key gives.
+func (s *Scheduler) add(n int, key func(i int) store.Key) {
 	bound := s.addBound.Load()
 	queued := false
 	s.mu.Lock()
-	for _, m := range msgs {
-		k := m.Key
+	for i := range n {
+		k := key(i)
 		if k.Due() >= bound {
 			continue
 		}
