@@ -158,4 +158,3 @@ func scrapeValue(httpURL, name string) (float64, error) {
 	}
 	return 0, fmt.Errorf("%s: no series %s", httpURL, name)
 }
-
