@@ -167,9 +167,6 @@ func (l *Lease) createTable(ctx context.Context) error {
 // Close closes the connections. Call it after Run returned.
 func (l *Lease) Close() { l.pool.Close() }
 
-// Holder is this node's id in the table.
-func (l *Lease) Holder() string { return l.cfg.Holder }
-
 // Held reports whether this node holds the role now, by the local deadline
 // (fencing): check it before every action only the holder may take.
 func (l *Lease) Held() bool {
