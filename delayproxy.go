@@ -77,7 +77,8 @@ func (p *Proxy) Addrs() (amqpAddr, httpAddr net.Addr) {
 // whichever way it stops: confirmed messages are on disk.
 func (p *Proxy) Run(ctx context.Context) (err error) {
 	m := metrics.New()
-	opened, err := p.openStore(ctx, m, nil)
+	ann := &lateAnnouncer{}
+	opened, err := p.openStore(ctx, m, ann)
 	if err != nil {
 		return err
 	}
@@ -117,9 +118,11 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		// not one batch per confirm round trip.
 		MaxInFlight:  MaxReleasesInFlight,
 		DeleteLinger: ReleaseDeleteLinger,
+		Rescan:       p.rescan(),
 		Logger:       p.log.With("room", "scheduler"),
 		Metrics:      m,
 	})
+	ann.set(sched)
 	if err := m.RegisterBacklog(sched); err != nil {
 		return err
 	}

@@ -63,6 +63,9 @@ func (s *Store) listen(conn *pgx.Conn) {
 				continue
 			}
 			s.reloadLogged(ctx)
+			if s.opts.OnMissed != nil {
+				s.opts.OnMissed()
+			}
 		}
 		if time.Now().After(next) {
 			s.reloadLogged(ctx)

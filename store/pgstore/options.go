@@ -39,6 +39,11 @@ type Options struct {
 	// listener goroutine and must return quickly; it must not call the
 	// Store's write methods.
 	OnNotify func(keys []store.Key)
+	// OnMissed, when set, is called when announcements may have been
+	// missed: the listener lost its connection and listens again. The
+	// scheduler then reads its loaded horizon again. Same rules as
+	// OnNotify.
+	OnMissed func()
 	// Now is the wall clock NotifyWithin is measured from; nil: time.Now.
 	Now func() time.Time
 	// Metrics, when set, hears of every group commit (commit latency and
