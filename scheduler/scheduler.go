@@ -154,7 +154,7 @@ type Scheduler struct {
 	cancels   []store.Key
 	missed    store.Key // smallest key Added dropped for a full inbox
 	hasMissed bool
-	rescan    bool // Rescan was called: read the loaded horizon again
+	rescan    bool        // Rescan was called: read the loaded horizon again
 	maxInbox  int         // maxInbox, lowered by tests
 	spare     []store.Key // the loop's emptied adds array, for reuse
 
