@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/common/model"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testproxy"
 )
@@ -42,11 +43,17 @@ func startDelayProxy(b *testing.B) string {
 // the proxy's HTTP endpoint (/metrics).
 func startDelayProxyHTTP(b *testing.B) (amqpURL, httpURL string) {
 	b.Helper()
+	return startDelayProxyConfig(b, testproxy.Config(b))
+}
+
+// startDelayProxyConfig is startDelayProxyHTTP with cfg.
+func startDelayProxyConfig(b *testing.B, cfg delayproxy.Config) (amqpURL, httpURL string) {
+	b.Helper()
 	var logs io.Writer = io.Discard
 	if os.Getenv("DELAYPROXY_BENCH_LOG") != "" {
 		logs = os.Stderr
 	}
-	p := testproxy.Start(b, testproxy.Config(b), slog.New(slog.NewTextHandler(logs, nil)))
+	p := testproxy.Start(b, cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	b.Cleanup(func() {
 		if err := p.Stop(b, time.Minute); err != nil {
 			b.Errorf("delayproxy.Run: %v", err)

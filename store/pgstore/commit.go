@@ -24,6 +24,7 @@ const notifyPayloadMax = 7800
 // commit is one attempt at committing a batch of requests.
 type commit struct {
 	s       *Store
+	shard   int16 // the count and tally rows this commit writes
 	reqs    []*request
 	refused map[*request]error // Puts refused by the registry: not in the transaction
 
@@ -33,8 +34,8 @@ type commit struct {
 	notify           []store.Key      // keys due soon, announced at commit
 }
 
-func newCommit(s *Store, reqs []*request) *commit {
-	return &commit{s: s, reqs: reqs, refused: map[*request]error{}, counts: map[uint64]int64{}, tally: map[int64]int64{}}
+func newCommit(s *Store, reqs []*request, shard int16) *commit {
+	return &commit{s: s, shard: shard, reqs: reqs, refused: map[*request]error{}, counts: map[uint64]int64{}, tally: map[int64]int64{}}
 }
 
 // run applies every request in one transaction and commits it.
@@ -147,8 +148,9 @@ func (c *commit) deletes(ctx context.Context, tx pgx.Tx) error {
 }
 
 // puts checks every Put request's incarnations against the registry in
-// the transaction, refuses the requests with one that is not live, gives
-// the messages of the others their keys and queues their insert on b.
+// the transaction, refuses the requests with one that is not live and
+// queues the insert of the others' messages (their keys set by the
+// writer) on b.
 func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 	var vhosts, names []string
 	seen := map[exKey]bool{}
@@ -195,10 +197,6 @@ func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 	if n == 0 {
 		return nil
 	}
-	seqs, err := c.s.takeSeqs(ctx, tx, n)
-	if err != nil {
-		return err
-	}
 	cols := newMessageColumns(n)
 	soon := c.s.opts.Now().Add(c.s.opts.NotifyWithin).UnixMilli()
 	for _, r := range c.reqs {
@@ -206,8 +204,6 @@ func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 			continue
 		}
 		for _, m := range r.msgs {
-			m.Key = store.MakeKey(m.Due, m.Priority, seqs[0])
-			seqs = seqs[1:]
 			cols.add(m)
 			c.written++
 			c.counts[m.Incarnation]++
@@ -232,13 +228,15 @@ func (c *commit) queueCounts(b *pgx.Batch) {
 	if incs, ns := sortedDeltas(c.counts); len(incs) > 0 {
 		b.Queue(sql(s.schema, `INSERT INTO S.counts (incarnation, shard, n)
 			SELECT i, $3, n FROM unnest($1::bigint[], $2::bigint[]) AS u(i, n)
-			ON CONFLICT (incarnation, shard) DO UPDATE SET n = S.counts.n + EXCLUDED.n`), incs, ns, s.shard)
+			ON CONFLICT (incarnation, shard) DO UPDATE SET n = S.counts.n + EXCLUDED.n`), incs, ns, c.shard)
 	}
 	if minutes, ns := sortedDeltas(c.tally); len(minutes) > 0 {
 		b.Queue(sql(s.schema, `INSERT INTO S.tally (minute, shard, n)
 			SELECT m, $3, n FROM unnest($1::bigint[], $2::bigint[]) AS u(m, n)
-			ON CONFLICT (minute, shard) DO UPDATE SET n = S.tally.n + EXCLUDED.n`), minutes, ns, s.shard)
-		b.Queue(sql(s.schema, `DELETE FROM S.tally WHERE shard = $1 AND minute = ANY($2) AND n = 0`), s.shard, minutes)
+			ON CONFLICT (minute, shard) DO UPDATE SET n = S.tally.n + EXCLUDED.n`), minutes, ns, c.shard)
+		if slices.ContainsFunc(ns, func(n int64) bool { return n < 0 }) { // only a decrement can empty a row
+			b.Queue(sql(s.schema, `DELETE FROM S.tally WHERE shard = $1 AND minute = ANY($2) AND n = 0`), c.shard, minutes)
+		}
 	}
 	if len(c.notify) > 0 {
 		b.Queue(`SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, s.channel(keysChannel), notifyPayloads(s.node, c.notify))
@@ -285,9 +283,9 @@ func notifyPayloads(node string, keys []store.Key) []string {
 // takeSeqs hands out n sequences, in order, from this node's reserved
 // blocks, reserving the blocks it lacks in one statement. Called by the
 // writer only.
-func (s *Store) takeSeqs(ctx context.Context, tx pgx.Tx, n int) ([]uint64, error) {
+func (s *Store) takeSeqs(ctx context.Context, n int) ([]uint64, error) {
 	if lack := n - int(s.seqEnd-s.seqNext); lack > 0 {
-		rows, err := tx.Query(ctx, sql(s.schema, `SELECT nextval('S.message_seq') FROM generate_series(1, $1)`), (lack+seqBlock-1)/seqBlock)
+		rows, err := s.pool.Query(ctx, sql(s.schema, `SELECT nextval('S.message_seq') FROM generate_series(1, $1)`), (lack+seqBlock-1)/seqBlock)
 		if err != nil {
 			return nil, err
 		}
