@@ -209,3 +209,104 @@ func benchConn(b *testing.B) *pgx.Conn {
 	b.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
 }
+
+// BenchmarkPGStore_Announce measures how a message another node stored
+// reaches this node's wheel. notify: node A puts b.N messages due soon, one
+// per Put, and node B's OnNotify hears each key; it reports the percentiles
+// of A's Put (call to return: the commit) and of call to B hearing the key
+// (the commit plus the notification). rescan: the backstop, the scheduler
+// reading its loaded horizon again (every 10 s in cluster mode): the time
+// ScanKeys takes over a minute holding b.N keys, at the pending count of
+// BenchmarkPGStore_PutDelete further out.
+func BenchmarkPGStore_Announce(b *testing.B) {
+	b.Run("notify", func(b *testing.B) {
+		schema := teststore.PGSchema(b)
+		type hearing struct {
+			k  store.Key
+			at time.Time
+		}
+		heard := make(chan hearing, b.N+16)
+		a := teststore.OpenPG(b, schema, pgstore.Options{})
+		teststore.OpenPG(b, schema, pgstore.Options{OnNotify: func(keys []store.Key) {
+			now := time.Now()
+			for _, k := range keys {
+				heard <- hearing{k, now}
+			}
+		}})
+		d := store.ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}
+		if err := a.PutExchange(context.Background(), &d); err != nil {
+			b.Fatal(err)
+		}
+		puts := make([]time.Duration, 0, b.N)
+		hears := make([]time.Duration, 0, b.N)
+		b.ResetTimer()
+		for i := range b.N {
+			m := &store.Message{VHost: "/", Exchange: "x", Due: time.Now().UnixMilli() + 30_000, Body: []byte("x"), Incarnation: d.Incarnation}
+			start := time.Now()
+			if err := a.Put(context.Background(), m); err != nil {
+				b.Fatal(err)
+			}
+			puts = append(puts, time.Since(start))
+			select {
+			case h := <-heard:
+				if h.k != m.Key {
+					b.Fatalf("heard %x, want %x (message %d)", h.k, m.Key, i)
+				}
+				hears = append(hears, h.at.Sub(start))
+			case <-time.After(10 * time.Second):
+				b.Fatalf("message %d never announced", i)
+			}
+		}
+		b.StopTimer()
+		reportPercentiles(b, "put", puts)
+		reportPercentiles(b, "heard", hears)
+		b.ReportMetric(0, "ns/op")
+	})
+	b.Run("rescan", func(b *testing.B) {
+		s := prefilledPG(b, pgPending(b), pgstore.Options{})
+		defer s.Close()
+		bench, _ := s.Exchange("/", "bench")
+		// b.N keys due within one minute, before the prefilled ones.
+		due := storeBase - 2*storeHorizon
+		var msgs []*store.Message
+		for i := range b.N {
+			msgs = append(msgs, &store.Message{VHost: "/", Exchange: "bench", Due: due + int64(i)%storeHorizon, Body: []byte("x"), Incarnation: bench.Incarnation})
+			if len(msgs) == 1000 || i == b.N-1 {
+				if err := s.Put(context.Background(), msgs...); err != nil {
+					b.Fatal(err)
+				}
+				msgs = msgs[:0]
+			}
+		}
+		var keys []store.Key
+		b.ResetTimer()
+		start := time.Now()
+		if err := s.ScanKeys(due, due+storeHorizon, func(k store.Key) error { keys = append(keys, k); return nil }); err != nil {
+			b.Fatal(err)
+		}
+		elapsed := time.Since(start)
+		b.StopTimer()
+		if len(keys) != b.N {
+			b.Fatalf("scanned %d keys, want %d", len(keys), b.N)
+		}
+		if err := s.Delete(context.Background(), keys...); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(elapsed.Milliseconds()), "scan-ms")
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "keys/s")
+		b.ReportMetric(0, "ns/op")
+	})
+}
+
+// reportPercentiles sorts ds and reports its p50, p99 and max in ms as
+// "<what>-p50-ms" and so on ("p50-ms" when what is "").
+func reportPercentiles(b *testing.B, what string, ds []time.Duration) {
+	slices.Sort(ds)
+	if what != "" {
+		what += "-"
+	}
+	at := func(p float64) float64 { return float64(ds[int(p*float64(len(ds)-1))]) / 1e6 }
+	b.ReportMetric(at(0.5), what+"p50-ms")
+	b.ReportMetric(at(0.99), what+"p99-ms")
+	b.ReportMetric(at(1), what+"max-ms")
+}

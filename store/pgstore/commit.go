@@ -3,12 +3,14 @@ package pgstore
 import (
 	"cmp"
 	"context"
+	"errors"
 	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/delayproxy/delayproxy/store"
 )
@@ -38,8 +40,54 @@ func newCommit(s *Store, reqs []*request, shard int16) *commit {
 	return &commit{s: s, shard: shard, reqs: reqs, refused: map[*request]error{}, counts: map[uint64]int64{}, tally: map[int64]int64{}}
 }
 
-// run applies every request in one transaction and commits it.
+// errNotLive is the SQLSTATE S.require_live raises.
+const errNotLive = "DP001"
+
+// run applies every request in one transaction and commits it: a batch of
+// Puts alone in one round trip (fastPuts), anything else, or Puts that
+// fast path found a dead incarnation in, in an explicit transaction.
 func (c *commit) run(ctx context.Context) error {
+	if err := c.fastPuts(ctx); !errors.Is(err, errSlowPath) {
+		return err
+	}
+	return c.runTx(ctx)
+}
+
+// errSlowPath: the batch needs the explicit transaction.
+var errSlowPath = errors.New("not for the fast path")
+
+// fastPuts commits a batch of Puts only in one round trip: the check that
+// every incarnation is live, the insert, the counts, the tally and the
+// notification are one pipelined batch, which PostgreSQL runs as one
+// implicit transaction committed at its end. When the check fails nothing
+// is written and the explicit transaction (runTx) finds the Puts to
+// refuse.
+func (c *commit) fastPuts(ctx context.Context) error {
+	var vhosts, names []string
+	var incs []int64
+	for _, r := range c.reqs {
+		if r.kind != opPut {
+			return errSlowPath
+		}
+		for _, m := range r.msgs {
+			vhosts, names, incs = append(vhosts, m.VHost), append(names, m.Exchange), append(incs, int64(m.Incarnation))
+		}
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql(c.s.schema, `SELECT S.require_live($1, $2, $3)`), vhosts, names, incs)
+	c.queuePuts(b, c.reqs)
+	c.queueCounts(b)
+	err := c.s.pool.SendBatch(ctx, b).Close()
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == errNotLive {
+		*c = *newCommit(c.s, c.reqs, c.shard)
+		return errSlowPath
+	}
+	return err
+}
+
+// runTx applies every request in one explicit transaction and commits it.
+func (c *commit) runTx(ctx context.Context) error {
 	tx, err := c.s.pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -154,7 +202,6 @@ func (c *commit) deletes(ctx context.Context, tx pgx.Tx) error {
 func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 	var vhosts, names []string
 	seen := map[exKey]bool{}
-	n := 0
 	for _, r := range c.reqs {
 		if r.kind != opPut {
 			continue
@@ -180,6 +227,7 @@ func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 	if _, err := pgx.ForEachRow(rows, []any{&k.vhost, &k.name, &inc}, func() error { live[k] = inc; return nil }); err != nil {
 		return err
 	}
+	var accepted []*request
 	for _, r := range c.reqs {
 		if r.kind != opPut {
 			continue
@@ -191,18 +239,26 @@ func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 			}
 		}
 		if c.refused[r] == nil {
-			n += len(r.msgs)
+			accepted = append(accepted, r)
 		}
 	}
+	c.queuePuts(b, accepted)
+	return nil
+}
+
+// queuePuts queues on b the insert of the messages of reqs (Puts, their
+// keys set) and accounts for them.
+func (c *commit) queuePuts(b *pgx.Batch, reqs []*request) {
+	n := 0
+	for _, r := range reqs {
+		n += len(r.msgs)
+	}
 	if n == 0 {
-		return nil
+		return
 	}
 	cols := newMessageColumns(n)
 	soon := c.s.opts.Now().Add(c.s.opts.NotifyWithin).UnixMilli()
-	for _, r := range c.reqs {
-		if r.kind != opPut || c.refused[r] != nil {
-			continue
-		}
+	for _, r := range reqs {
 		for _, m := range r.msgs {
 			cols.add(m)
 			c.written++
@@ -217,7 +273,6 @@ func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 		properties, body, delay, priority, message_id)
 		SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::boolean[],
 			$7::bytea[], $8::bytea[], $9::bigint[], $10::smallint[], $11::text[])`), cols.args()...)
-	return nil
 }
 
 // queueCounts queues on b the changes of the counts and the tally (this
