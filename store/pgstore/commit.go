@@ -3,8 +3,8 @@ package pgstore
 import (
 	"cmp"
 	"context"
-	"errors"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
