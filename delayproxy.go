@@ -77,8 +77,8 @@ func (p *Proxy) Addrs() (amqpAddr, httpAddr net.Addr) {
 // whichever way it stops: confirmed messages are on disk.
 func (p *Proxy) Run(ctx context.Context) (err error) {
 	m := metrics.New()
-	var notices keyNotices // the PostgreSQL store's, to the scheduler
-	opened, err := p.openStore(ctx, m, notices.added)
+	ann := &lateAnnouncer{}
+	opened, err := p.openStore(ctx, m, ann)
 	if err != nil {
 		return err
 	}
@@ -114,7 +114,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	notices.to(sched)
+	ann.set(sched)
 	if err := m.RegisterBacklog(sched); err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/delayproxy/delayproxy/lease"
@@ -29,7 +28,8 @@ import (
 // *scheduler.Scheduler with the bbolt store, *roleScheduler in cluster mode.
 type releasing interface {
 	Added(msgs ...*store.Message)
-	AddedKeys(keys ...store.Key)
+	Announced(keys ...store.Key)
+	Rescan()
 	Cancelled(keys ...store.Key)
 	DeleteExchange(ctx context.Context, vhost, name string) error
 	Overdue() (messages int64, oldest time.Duration)
@@ -105,10 +105,18 @@ func (rs *roleScheduler) Added(msgs ...*store.Message) {
 	}
 }
 
-// AddedKeys passes keys another node stored to the current term, if any.
-func (rs *roleScheduler) AddedKeys(keys ...store.Key) {
+// Announced passes keys another node stored to the current term, if any:
+// a later term loads them from the store.
+func (rs *roleScheduler) Announced(keys ...store.Key) {
 	if s := rs.current(); s != nil {
-		s.AddedKeys(keys...)
+		s.Announced(keys...)
+	}
+}
+
+// Rescan asks the current term, if any, to read its loaded horizon again.
+func (rs *roleScheduler) Rescan() {
+	if s := rs.current(); s != nil {
+		s.Rescan()
 	}
 }
 
@@ -177,6 +185,7 @@ func (p *Proxy) newReleasing(ctx context.Context, st store.Store, rel *releaser.
 			// throughput is not one batch per confirm round trip.
 			MaxInFlight:  MaxReleasesInFlight,
 			DeleteLinger: ReleaseDeleteLinger,
+			Rescan:       p.rescan(),
 			Logger:       p.log.With("room", "scheduler"),
 			Metrics:      m,
 		})
@@ -186,21 +195,4 @@ func (p *Proxy) newReleasing(ctx context.Context, st store.Store, rel *releaser.
 		return newSched(rel), nil
 	}
 	return openRole(ctx, p.cfg.Store, p.cfg.StoreSchema, st, rel, newSched, m, p.log.With("room", "releaser-role"))
-}
-
-// keyNotices passes the keys the store announces (other nodes' publishes
-// due soon, committed) to the scheduler, once it exists: the store is
-// opened, and starts listening, before the scheduler is made.
-type keyNotices struct {
-	sched atomic.Pointer[releasing]
-}
-
-// to sets the scheduler the keys go to.
-func (n *keyNotices) to(r releasing) { n.sched.Store(&r) }
-
-// added is the store's OnNotify.
-func (n *keyNotices) added(keys []store.Key) {
-	if r := n.sched.Load(); r != nil {
-		(*r).AddedKeys(keys...)
-	}
 }

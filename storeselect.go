@@ -3,6 +3,8 @@ package delayproxy
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"github.com/delayproxy/delayproxy/metrics"
 	"github.com/delayproxy/delayproxy/store"
@@ -19,10 +21,42 @@ type openedStore struct {
 	where   string // the file, or the database URL without its password
 }
 
+// announcer is what hears of messages other nodes stored;
+// *scheduler.Scheduler is one.
+type announcer interface {
+	Announced(keys ...store.Key)
+	Rescan()
+}
+
+// lateAnnouncer passes announcements on to the scheduler once it exists:
+// the store opens before it. Before, there is nothing to tell: the
+// scheduler's first load reads the store.
+type lateAnnouncer struct{ to atomic.Pointer[announcer] }
+
+func (l *lateAnnouncer) set(a announcer) { l.to.Store(&a) }
+
+func (l *lateAnnouncer) announced(keys []store.Key) {
+	if a := l.to.Load(); a != nil {
+		(*a).Announced(keys...)
+	}
+}
+
+func (l *lateAnnouncer) missed() {
+	if a := l.to.Load(); a != nil {
+		(*a).Rescan()
+	}
+}
+
+// clusterRescan is how often a node on the PostgreSQL store reads its
+// loaded horizon again, the backstop of the notifications that bring other
+// nodes' messages into its wheel (a lost notification is otherwise also
+// caught when the listener reconnects).
+const clusterRescan = 10 * time.Second
+
 // openStore opens the bbolt file in DataDir, or, when Config.Store is set,
-// the PostgreSQL store in Config.StoreSchema, whose notifications of
-// messages due soon go to onNotify. Its error is one line.
-func (p *Proxy) openStore(ctx context.Context, m *metrics.Metrics, onNotify func([]store.Key)) (*openedStore, error) {
+// the PostgreSQL store in Config.StoreSchema, whose announcements of
+// messages other nodes stored go to ann. Its error is one line.
+func (p *Proxy) openStore(ctx context.Context, m *metrics.Metrics, ann *lateAnnouncer) (*openedStore, error) {
 	if p.cfg.Store == "" {
 		path, err := p.cfg.EnsureDataDir()
 		if err != nil {
@@ -37,7 +71,8 @@ func (p *Proxy) openStore(ctx context.Context, m *metrics.Metrics, onNotify func
 	st, err := pgstore.Open(ctx, p.cfg.Store, pgstore.Options{
 		Schema:   p.cfg.StoreSchema,
 		Metrics:  m,
-		OnNotify: onNotify,
+		OnNotify: ann.announced,
+		OnMissed: ann.missed,
 		Logger:   p.log.With("room", "store"),
 	})
 	if err != nil {
@@ -57,4 +92,13 @@ func (s pgMetrics) Stats() boltstore.Stats {
 		Commits: st.Commits, FailedCommits: st.FailedCommits, Requests: st.Requests, Messages: st.Messages,
 		Deletes: st.Deletes, MaxBatch: st.MaxBatch, CommitTime: st.CommitTime, Stale: st.Stale,
 	}
+}
+
+// rescan is the scheduler's Options.Rescan: clusterRescan on the shared
+// store, none on the bbolt file, which only this node writes.
+func (p *Proxy) rescan() time.Duration {
+	if p.cfg.Store == "" {
+		return 0
+	}
+	return clusterRescan
 }

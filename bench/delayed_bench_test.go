@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -19,8 +18,10 @@ import (
 	"github.com/prometheus/common/model"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testproxy"
+	"github.com/delayproxy/delayproxy/internal/teststore"
 )
 
 // End-to-end benchmarks of delayed messages: a whole delayproxy (listener,
@@ -42,11 +43,17 @@ func startDelayProxy(b *testing.B) string {
 // the proxy's HTTP endpoint (/metrics).
 func startDelayProxyHTTP(b *testing.B) (amqpURL, httpURL string) {
 	b.Helper()
+	return startDelayProxyConfig(b, testproxy.Config(b))
+}
+
+// startDelayProxyConfig is startDelayProxyHTTP with cfg.
+func startDelayProxyConfig(b *testing.B, cfg delayproxy.Config) (amqpURL, httpURL string) {
+	b.Helper()
 	var logs io.Writer = io.Discard
 	if os.Getenv("DELAYPROXY_BENCH_LOG") != "" {
 		logs = os.Stderr
 	}
-	p := testproxy.Start(b, testproxy.Config(b), slog.New(slog.NewTextHandler(logs, nil)))
+	p := testproxy.Start(b, cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	b.Cleanup(func() {
 		if err := p.Stop(b, time.Minute); err != nil {
 			b.Errorf("delayproxy.Run: %v", err)
@@ -226,6 +233,7 @@ func BenchmarkDelayedPublish_ProxyVsDirect(b *testing.B) {
 // due time.
 func BenchmarkRelease_Lateness10k(b *testing.B) {
 	b.Run("proxy", func(b *testing.B) { benchLateness(b, latenessProxy) })
+	b.Run("cluster", func(b *testing.B) { benchLateness(b, latenessCluster) })
 	b.Run("ttl-dlx", func(b *testing.B) { benchLateness(b, latenessTTL) })
 	b.Run("paced-direct", func(b *testing.B) { benchLateness(b, latenessPaced) })
 	b.Run("paced-confirmed", func(b *testing.B) { benchLateness(b, latenessPacedConfirmed) })
@@ -234,8 +242,9 @@ func BenchmarkRelease_Lateness10k(b *testing.B) {
 
 // Ways of delivering a message at its due time, for BenchmarkRelease_Lateness10k.
 const (
-	latenessProxy = iota // delayproxy holds it
-	latenessTTL          // a wait queue with per-message TTL, dead-lettered
+	latenessProxy   = iota // delayproxy holds it
+	latenessCluster        // delayproxy holds it in PostgreSQL (cluster mode, one node)
+	latenessTTL            // a wait queue with per-message TTL, dead-lettered
 	// latenessPaced publishes each message straight to the work queue at
 	// its due time: no delay mechanism at all. It is the floor of this
 	// machine and broker (timer wake-ups, publish, routing, delivery).
@@ -254,7 +263,7 @@ const (
 )
 
 func benchLateness(b *testing.B, mode int) {
-	viaProxy := mode == latenessProxy
+	viaProxy := mode == latenessProxy || mode == latenessCluster
 	const (
 		n          = 30_000
 		perSec     = 10_000
@@ -268,7 +277,11 @@ func benchLateness(b *testing.B, mode int) {
 	var exchange, key, proxyHTTP string
 	if viaProxy {
 		var proxied string
-		proxied, proxyHTTP = startDelayProxyHTTP(b)
+		cfg := testproxy.Config(b)
+		if mode == latenessCluster {
+			cfg.Store, cfg.StoreSchema = teststore.PGURL(), teststore.PGSchema(b)
+		}
+		proxied, proxyHTTP = startDelayProxyConfig(b, cfg)
 		exchange = declareDelayedExchange(b, dialChannel(b, proxied), "direct")
 		key = "work"
 		if err := admin.QueueBind(work, key, exchange, false, nil); err != nil {
@@ -371,12 +384,7 @@ func benchLateness(b *testing.B, mode int) {
 		span += last.Sub(first)
 	}
 	b.StopTimer()
-	slices.Sort(late)
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	pct := func(p float64) time.Duration { return late[int(p*float64(len(late)-1))] }
-	b.ReportMetric(ms(pct(0.50)), "p50-ms")
-	b.ReportMetric(ms(pct(0.99)), "p99-ms")
-	b.ReportMetric(ms(late[len(late)-1]), "max-ms")
+	reportPercentiles(b, "", late)
 	b.ReportMetric(float64(early), "early")
 	b.ReportMetric(float64(len(late))/span.Seconds(), "arrivals/s")
 	if viaProxy {

@@ -4,11 +4,13 @@ import (
 	"cmp"
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/delayproxy/delayproxy/store"
 )
@@ -24,6 +26,7 @@ const notifyPayloadMax = 7800
 // commit is one attempt at committing a batch of requests.
 type commit struct {
 	s       *Store
+	shard   int16 // the count and tally rows this commit writes
 	reqs    []*request
 	refused map[*request]error // Puts refused by the registry: not in the transaction
 
@@ -33,12 +36,58 @@ type commit struct {
 	notify           []store.Key      // keys due soon, announced at commit
 }
 
-func newCommit(s *Store, reqs []*request) *commit {
-	return &commit{s: s, reqs: reqs, refused: map[*request]error{}, counts: map[uint64]int64{}, tally: map[int64]int64{}}
+func newCommit(s *Store, reqs []*request, shard int16) *commit {
+	return &commit{s: s, shard: shard, reqs: reqs, refused: map[*request]error{}, counts: map[uint64]int64{}, tally: map[int64]int64{}}
 }
 
-// run applies every request in one transaction and commits it.
+// errNotLive is the SQLSTATE S.require_live raises.
+const errNotLive = "DP001"
+
+// run applies every request in one transaction and commits it: a batch of
+// Puts alone in one round trip (fastPuts), anything else, or Puts that
+// fast path found a dead incarnation in, in an explicit transaction.
 func (c *commit) run(ctx context.Context) error {
+	if err := c.fastPuts(ctx); !errors.Is(err, errSlowPath) {
+		return err
+	}
+	return c.runTx(ctx)
+}
+
+// errSlowPath: the batch needs the explicit transaction.
+var errSlowPath = errors.New("not for the fast path")
+
+// fastPuts commits a batch of Puts only in one round trip: the check that
+// every incarnation is live, the insert, the counts, the tally and the
+// notification are one pipelined batch, which PostgreSQL runs as one
+// implicit transaction committed at its end. When the check fails nothing
+// is written and the explicit transaction (runTx) finds the Puts to
+// refuse.
+func (c *commit) fastPuts(ctx context.Context) error {
+	var vhosts, names []string
+	var incs []int64
+	for _, r := range c.reqs {
+		if r.kind != opPut {
+			return errSlowPath
+		}
+		for _, m := range r.msgs {
+			vhosts, names, incs = append(vhosts, m.VHost), append(names, m.Exchange), append(incs, int64(m.Incarnation))
+		}
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql(c.s.schema, `SELECT S.require_live($1, $2, $3)`), vhosts, names, incs)
+	c.queuePuts(b, c.reqs)
+	c.queueCounts(b)
+	err := c.s.pool.SendBatch(ctx, b).Close()
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == errNotLive {
+		*c = *newCommit(c.s, c.reqs, c.shard)
+		return errSlowPath
+	}
+	return err
+}
+
+// runTx applies every request in one explicit transaction and commits it.
+func (c *commit) runTx(ctx context.Context) error {
 	tx, err := c.s.pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -147,12 +196,12 @@ func (c *commit) deletes(ctx context.Context, tx pgx.Tx) error {
 }
 
 // puts checks every Put request's incarnations against the registry in
-// the transaction, refuses the requests with one that is not live, gives
-// the messages of the others their keys and queues their insert on b.
+// the transaction, refuses the requests with one that is not live and
+// queues the insert of the others' messages (their keys set by the
+// writer) on b.
 func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 	var vhosts, names []string
 	seen := map[exKey]bool{}
-	n := 0
 	for _, r := range c.reqs {
 		if r.kind != opPut {
 			continue
@@ -178,6 +227,7 @@ func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 	if _, err := pgx.ForEachRow(rows, []any{&k.vhost, &k.name, &inc}, func() error { live[k] = inc; return nil }); err != nil {
 		return err
 	}
+	var accepted []*request
 	for _, r := range c.reqs {
 		if r.kind != opPut {
 			continue
@@ -189,25 +239,27 @@ func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 			}
 		}
 		if c.refused[r] == nil {
-			n += len(r.msgs)
+			accepted = append(accepted, r)
 		}
 	}
-	if n == 0 {
-		return nil
+	c.queuePuts(b, accepted)
+	return nil
+}
+
+// queuePuts queues on b the insert of the messages of reqs (Puts, their
+// keys set) and accounts for them.
+func (c *commit) queuePuts(b *pgx.Batch, reqs []*request) {
+	n := 0
+	for _, r := range reqs {
+		n += len(r.msgs)
 	}
-	seqs, err := c.s.takeSeqs(ctx, tx, n)
-	if err != nil {
-		return err
+	if n == 0 {
+		return
 	}
 	cols := newMessageColumns(n)
 	soon := c.s.opts.Now().Add(c.s.opts.NotifyWithin).UnixMilli()
-	for _, r := range c.reqs {
-		if r.kind != opPut || c.refused[r] != nil {
-			continue
-		}
+	for _, r := range reqs {
 		for _, m := range r.msgs {
-			m.Key = store.MakeKey(m.Due, m.Priority, seqs[0])
-			seqs = seqs[1:]
 			cols.add(m)
 			c.written++
 			c.counts[m.Incarnation]++
@@ -221,7 +273,6 @@ func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 		properties, body, delay, priority, message_id)
 		SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::boolean[],
 			$7::bytea[], $8::bytea[], $9::bigint[], $10::smallint[], $11::text[])`), cols.args()...)
-	return nil
 }
 
 // queueCounts queues on b the changes of the counts and the tally (this
@@ -232,13 +283,15 @@ func (c *commit) queueCounts(b *pgx.Batch) {
 	if incs, ns := sortedDeltas(c.counts); len(incs) > 0 {
 		b.Queue(sql(s.schema, `INSERT INTO S.counts (incarnation, shard, n)
 			SELECT i, $3, n FROM unnest($1::bigint[], $2::bigint[]) AS u(i, n)
-			ON CONFLICT (incarnation, shard) DO UPDATE SET n = S.counts.n + EXCLUDED.n`), incs, ns, s.shard)
+			ON CONFLICT (incarnation, shard) DO UPDATE SET n = S.counts.n + EXCLUDED.n`), incs, ns, c.shard)
 	}
 	if minutes, ns := sortedDeltas(c.tally); len(minutes) > 0 {
 		b.Queue(sql(s.schema, `INSERT INTO S.tally (minute, shard, n)
 			SELECT m, $3, n FROM unnest($1::bigint[], $2::bigint[]) AS u(m, n)
-			ON CONFLICT (minute, shard) DO UPDATE SET n = S.tally.n + EXCLUDED.n`), minutes, ns, s.shard)
-		b.Queue(sql(s.schema, `DELETE FROM S.tally WHERE shard = $1 AND minute = ANY($2) AND n = 0`), s.shard, minutes)
+			ON CONFLICT (minute, shard) DO UPDATE SET n = S.tally.n + EXCLUDED.n`), minutes, ns, c.shard)
+		if slices.ContainsFunc(ns, func(n int64) bool { return n < 0 }) { // only a decrement can empty a row
+			b.Queue(sql(s.schema, `DELETE FROM S.tally WHERE shard = $1 AND minute = ANY($2) AND n = 0`), c.shard, minutes)
+		}
 	}
 	if len(c.notify) > 0 {
 		b.Queue(`SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, s.channel(keysChannel), notifyPayloads(s.node, c.notify))
@@ -285,9 +338,9 @@ func notifyPayloads(node string, keys []store.Key) []string {
 // takeSeqs hands out n sequences, in order, from this node's reserved
 // blocks, reserving the blocks it lacks in one statement. Called by the
 // writer only.
-func (s *Store) takeSeqs(ctx context.Context, tx pgx.Tx, n int) ([]uint64, error) {
+func (s *Store) takeSeqs(ctx context.Context, n int) ([]uint64, error) {
 	if lack := n - int(s.seqEnd-s.seqNext); lack > 0 {
-		rows, err := tx.Query(ctx, sql(s.schema, `SELECT nextval('S.message_seq') FROM generate_series(1, $1)`), (lack+seqBlock-1)/seqBlock)
+		rows, err := s.pool.Query(ctx, sql(s.schema, `SELECT nextval('S.message_seq') FROM generate_series(1, $1)`), (lack+seqBlock-1)/seqBlock)
 		if err != nil {
 			return nil, err
 		}

@@ -63,6 +63,9 @@ func (s *Store) listen(conn *pgx.Conn) {
 				continue
 			}
 			s.reloadLogged(ctx)
+			if s.opts.OnMissed != nil {
+				s.opts.OnMissed()
+			}
 		}
 		if time.Now().After(next) {
 			s.reloadLogged(ctx)
@@ -89,7 +92,7 @@ func (s *Store) listen(conn *pgx.Conn) {
 
 // notified handles one notification; its own are skipped.
 func (s *Store) notified(ctx context.Context, channel, payload string) {
-	node, rest, _ := strings.Cut(payload, " ")
+	node, keys := parsePayload(payload)
 	if node == s.node {
 		return
 	}
@@ -97,20 +100,26 @@ func (s *Store) notified(ctx context.Context, channel, payload string) {
 	case s.channel(registryChannel):
 		s.reloadLogged(ctx)
 	case s.channel(keysChannel):
-		if s.opts.OnNotify == nil {
-			return
-		}
-		var keys []store.Key
-		for _, h := range strings.Fields(rest) {
-			var k store.Key
-			if n, err := hex.Decode(k[:], []byte(h)); err == nil && n == store.KeySize {
-				keys = append(keys, k)
-			}
-		}
-		if len(keys) > 0 {
+		if s.opts.OnNotify != nil && len(keys) > 0 {
 			s.opts.OnNotify(keys)
 		}
 	}
+}
+
+// parsePayload reads a payload notifyPayloads wrote: the sending node's id,
+// then keys in hex, separated by spaces. Words that are not a key are
+// skipped.
+func parsePayload(payload string) (node string, keys []store.Key) {
+	node, rest, _ := strings.Cut(payload, " ")
+	for _, h := range strings.Fields(rest) {
+		var k store.Key
+		if len(h) == 2*store.KeySize {
+			if _, err := hex.Decode(k[:], []byte(h)); err == nil {
+				keys = append(keys, k)
+			}
+		}
+	}
+	return node, keys
 }
 
 // reloadLogged reloads the registry, logging a failure.

@@ -37,6 +37,9 @@ func Open(ctx context.Context, connURL string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store %s: not a valid PostgreSQL URL: %s", where, parseCause(err))
 	}
+	// The committers, the listener's reloads and the reads each hold a
+	// connection at times.
+	cfg.MaxConns = max(cfg.MaxConns, int32(opts.Committers+4))
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, openTimeout)

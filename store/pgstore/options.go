@@ -13,6 +13,7 @@ import (
 const (
 	DefaultSchema         = "delayproxy"
 	defaultMaxBatch       = 10000
+	defaultCommitters     = 4
 	defaultReloadInterval = 5 * time.Second
 	defaultNotifyWithin   = time.Minute
 )
@@ -26,6 +27,11 @@ type Options struct {
 	// MaxBatch is the most messages and deletes in one group commit;
 	// default 10000.
 	MaxBatch int
+	// Committers is how many group commits may be in flight at once, each
+	// its own transaction on its own connection (and its own count and
+	// tally rows, so that they do not wait for each other's locks).
+	// Default 4.
+	Committers int
 	// ReloadInterval is how often the registry is read again in full, the
 	// backstop of the notifications other nodes send when they change it.
 	// Default 5s.
@@ -39,6 +45,11 @@ type Options struct {
 	// listener goroutine and must return quickly; it must not call the
 	// Store's write methods.
 	OnNotify func(keys []store.Key)
+	// OnMissed, when set, is called when announcements may have been
+	// missed: the listener lost its connection and listens again. The
+	// scheduler then reads its loaded horizon again. Same rules as
+	// OnNotify.
+	OnMissed func()
 	// Now is the wall clock NotifyWithin is measured from; nil: time.Now.
 	Now func() time.Time
 	// Metrics, when set, hears of every group commit (commit latency and
@@ -78,6 +89,10 @@ func (o Options) normalize() (Options, error) {
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = defaultMaxBatch
 	}
+	if o.Committers <= 0 {
+		o.Committers = defaultCommitters
+	}
+	o.Committers = min(o.Committers, shards)
 	if o.ReloadInterval <= 0 {
 		o.ReloadInterval = defaultReloadInterval
 	}

@@ -54,6 +54,15 @@ CREATE TABLE S.counts (
 	n           bigint   NOT NULL,
 	PRIMARY KEY (incarnation, shard)
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+CREATE FUNCTION S.require_live(vhosts text[], names text[], incarnations bigint[]) RETURNS void
+LANGUAGE plpgsql AS $f$
+BEGIN
+	IF EXISTS (SELECT 1 FROM unnest(vhosts, names, incarnations) AS u(v, n, i) WHERE NOT EXISTS (
+			SELECT 1 FROM S.exchanges e WHERE e.vhost = u.v AND e.name = u.n AND e.incarnation = u.i)) THEN
+		RAISE EXCEPTION 'not a live exchange incarnation' USING ERRCODE = 'DP001';
+	END IF;
+END
+$f$;
 CREATE TABLE S.tally (
 	minute bigint   NOT NULL,
 	shard  smallint NOT NULL,

@@ -22,7 +22,7 @@ type Store struct {
 	connCfg *pgx.ConnConfig // the listener's own connection
 	opts    Options
 	schema  string
-	shard   int16  // the count and tally rows this node writes
+	shard   int16  // the first of the count and tally rows this node writes (one per committer)
 	node    string // this Open's id in the notifications it sends
 
 	// The writer's sequences: [seqNext, seqEnd) of the current block, then

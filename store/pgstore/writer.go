@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -67,12 +68,27 @@ func (s *Store) submit(ctx context.Context, r *request) error {
 	}
 }
 
-// writer owns every group commit: it takes the first queued request and
-// every request that queued meanwhile (up to MaxBatch), commits them in one
-// transaction and answers each. It exits once Close closed reqs and the
-// queue is drained.
+// writer forms the group commits: it takes the first queued request and
+// every request that queued meanwhile (up to MaxBatch), gives the batch's
+// messages their sequences in queue order, and hands the batch to the
+// first free committer; while every committer is busy, requests queue up
+// for the next batch. It exits once Close closed reqs and the queue is
+// drained, after the committers.
 func (s *Store) writer() {
-	defer close(s.done)
+	batches := make(chan []*request)
+	var committers sync.WaitGroup
+	for i := range s.opts.Committers {
+		shard := (s.shard + int16(i)) % shards
+		committers.Go(func() {
+			for batch := range batches {
+				s.commitBatch(batch, shard)
+			}
+		})
+	}
+	defer func() {
+		close(batches)
+		committers.Wait()
+	}()
 	var carry *request // the request that did not fit the last batch
 	for {
 		first := carry
@@ -100,13 +116,58 @@ func (s *Store) writer() {
 				break drain
 			}
 		}
-		s.commitBatch(batch)
+		if err := s.assignKeys(batch); err != nil {
+			s.fail(batch, err)
+			continue
+		}
+		batches <- batch
 	}
 }
 
-// commitBatch commits batch, retrying what PostgreSQL aborted for a
-// conflict with another node's transaction, and answers every request.
-func (s *Store) commitBatch(batch []*request) {
+// assignKeys gives the messages of batch's Puts their keys, in queue
+// order: a Put that returned before another was queued has the smaller
+// sequence. Writer goroutine only.
+func (s *Store) assignKeys(batch []*request) error {
+	n := 0
+	for _, r := range batch {
+		if r.kind == opPut {
+			n += len(r.msgs)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	defer cancel()
+	seqs, err := s.takeSeqs(ctx, n)
+	if err != nil {
+		return err
+	}
+	for _, r := range batch {
+		if r.kind != opPut {
+			continue
+		}
+		for _, m := range r.msgs {
+			m.Key = store.MakeKey(m.Due, m.Priority, seqs[0])
+			seqs = seqs[1:]
+		}
+	}
+	return nil
+}
+
+// fail answers every request of a batch that could not be committed.
+func (s *Store) fail(batch []*request, err error) {
+	err = classify(err)
+	s.recordCommit(store.CommitInfo{Requests: len(batch), Err: err})
+	for _, r := range batch {
+		r.done <- err
+	}
+}
+
+// commitBatch commits batch, its counts and tally in the rows of shard,
+// retrying what PostgreSQL aborted for a conflict with another
+// transaction, and answers every request.
+func (s *Store) commitBatch(batch []*request, shard int16) {
 	live := batch[:0:0]
 	for _, r := range batch {
 		if err := r.ctx.Err(); err != nil {
@@ -122,7 +183,7 @@ func (s *Store) commitBatch(batch []*request) {
 	var c *commit
 	var err error
 	for attempt := 0; ; attempt++ {
-		c = newCommit(s, live)
+		c = newCommit(s, live, shard)
 		ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 		err = c.run(ctx)
 		cancel()
