@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -163,12 +164,15 @@ func (s *Store) NextDue() (int64, bool) {
 	ctx, cancel := readCtx()
 	defer cancel()
 	var kb []byte
-	if err := s.pool.QueryRow(ctx, sql(s.schema, `SELECT k FROM S.messages ORDER BY k LIMIT 1`)).Scan(&kb); err != nil {
+	err := s.pool.QueryRow(ctx, sql(s.schema, `SELECT k FROM S.messages ORDER BY k LIMIT 1`)).Scan(&kb)
+	if errors.Is(err, pgx.ErrNoRows) || s.isClosed() {
 		return 0, false
 	}
-	k, err := toKey(kb)
-	if err != nil {
-		return 0, false
+	k, kerr := toKey(kb)
+	if err != nil || kerr != nil {
+		// A failed read is not an empty store: something may be due from
+		// the start (a caller's scan from there meets the error).
+		return 0, true
 	}
 	return k.Due(), true
 }
