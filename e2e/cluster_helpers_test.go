@@ -168,3 +168,20 @@ func (d *dueLedger) early(got []arrival) (n int, worst time.Duration) {
 	}
 	return n, worst
 }
+
+// carryOn waits until every client has had more publishes confirmed than
+// it had when called: clients whose proxy or database failed reconnect (to
+// another node when theirs is gone) and carry on.
+func carryOn(t *testing.T, pubs *crashtest.Publishers, more int, within time.Duration) {
+	t.Helper()
+	by := time.Now().Add(within)
+	base := make([]int, len(pubs.All()))
+	for i, p := range pubs.All() {
+		base[i] = len(p.Ledger().Confirmed)
+	}
+	for i, p := range pubs.All() {
+		testwait.Until(t, time.Until(by), fmt.Sprintf("client %d to have %d more publishes confirmed", i, more), func() bool {
+			return len(p.Ledger().Confirmed) >= base[i]+more
+		})
+	}
+}
