@@ -191,7 +191,7 @@ func (s *Store) commitBatch(batch []*request, shard int16) {
 			break
 		}
 	}
-	err = classify(err)
+	err = classify(s.resolveInDoubt(c, err))
 	info := store.CommitInfo{Requests: len(live), Messages: c.written, Deletes: c.deleted, Duration: time.Since(start), Err: err}
 	s.recordCommit(info)
 	for _, r := range live {
