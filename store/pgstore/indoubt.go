@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -20,11 +21,12 @@ import (
 const resolveRetry = 100 * time.Millisecond
 
 // resolveInDoubt returns nil when the batch c tried to commit is stored
-// after all, else err. It keeps err when nothing was sent (SafeToRetry),
-// when the batch has no Put, and when no read answers within
-// commitTimeout.
+// after all, else err. It keeps err when nothing was sent (SafeToRetry, or
+// no connection was made), when the batch has no Put, and when no read
+// answers within commitTimeout.
 func (s *Store) resolveInDoubt(c *commit, err error) error {
-	if err == nil || pgconn.SafeToRetry(err) {
+	var ce *pgconn.ConnectError
+	if err == nil || pgconn.SafeToRetry(err) || errors.As(err, &ce) {
 		return err
 	}
 	var keys [][]byte
