@@ -65,7 +65,7 @@ func Open(ctx context.Context, connURL string, opts Options) (*Store, error) {
 		shard:   int16(rand.IntN(shards)),
 		node:    fmt.Sprintf("%016x", rand.Uint64()),
 		reqs:    make(chan *request, 4*1024),
-		done:    make(chan struct{}),
+		dead:    map[uint64]bool{},
 	}
 	// The listener listens before Open returns, so that no change after
 	// the registry's reading goes unheard.
