@@ -37,6 +37,10 @@ func Open(ctx context.Context, connURL string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store %s: not a valid PostgreSQL URL: %s", where, parseCause(err))
 	}
+	// Operators see the store's sessions in pg_stat_activity by name.
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "delayproxy"
+	}
 	// The committers, the listener's reloads and the reads each hold a
 	// connection at times.
 	cfg.MaxConns = max(cfg.MaxConns, int32(opts.Committers+4))
