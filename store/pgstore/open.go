@@ -83,6 +83,10 @@ func Open(ctx context.Context, connURL string, opts Options) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("store %s: read the registry: %s", where, err)
 	}
+	var autovacuum string
+	if err := pool.QueryRow(ctx, `SHOW autovacuum`).Scan(&autovacuum); err == nil && autovacuum != "on" {
+		opts.Logger.Warn("store: the server runs with autovacuum off: the rows of released messages are not reclaimed and the messages table grows until VACUUM runs", "schema", opts.Schema)
+	}
 	s.stopCtx, s.stopListen = context.WithCancel(context.Background())
 	s.wg.Go(s.writer)
 	s.wg.Go(func() { s.listen(conn) })
