@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/delayproxy/delayproxy/internal/teststore"
+	"github.com/delayproxy/delayproxy/internal/testwait"
+	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
 	"github.com/delayproxy/delayproxy/store/pgstore"
 )
@@ -309,4 +311,161 @@ func reportPercentiles(b *testing.B, what string, ds []time.Duration) {
 	b.ReportMetric(at(0.5), what+"p50-ms")
 	b.ReportMetric(at(0.99), what+"p99-ms")
 	b.ReportMetric(at(1), what+"max-ms")
+}
+
+// BenchmarkPGStore_Churn measures table bloat under steady release: for
+// DELAYPROXY_BENCH_CHURN (default 1m; the issue asks for 10m at 10,000/s)
+// eight goroutines each put batches of 256 messages and delete the batch
+// they put ten batches before, as releases do, so the pending count stays
+// flat while rows churn. It reports the churn rate and the size of the
+// messages table (with its indexes and TOAST) at the start, its largest
+// and at the end, sampled every 5 s: flat when autovacuum keeps up. When
+// the server runs without autovacuum (as the shared test server does), the
+// sampler runs VACUUM on the table at each sample instead, and says so.
+func BenchmarkPGStore_Churn(b *testing.B) {
+	d := time.Minute
+	if s := os.Getenv("DELAYPROXY_BENCH_CHURN"); s != "" {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil {
+			b.Fatalf("DELAYPROXY_BENCH_CHURN=%q: %v", s, err)
+		}
+	}
+	schema := teststore.PGSchema(b)
+	s := teststore.OpenPG(b, schema, pgstore.Options{})
+	ex := store.ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}
+	ctx := context.Background()
+	if err := s.PutExchange(ctx, &ex); err != nil {
+		b.Fatal(err)
+	}
+	conn := benchConn(b)
+	size := func() float64 {
+		var n int64
+		if err := conn.QueryRow(ctx, `SELECT pg_total_relation_size($1)`, schema+".messages").Scan(&n); err != nil {
+			b.Fatal(err)
+		}
+		return float64(n) / (1 << 20)
+	}
+	var autovacuum string
+	if err := conn.QueryRow(ctx, `SHOW autovacuum`).Scan(&autovacuum); err != nil {
+		b.Fatal(err)
+	}
+	vacuum := autovacuum != "on"
+	if vacuum {
+		b.Log("autovacuum is off on this server: VACUUM every 5 s instead")
+	}
+	startSize, maxSize := size(), 0.0
+	var churned atomic.Int64
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	body := make([]byte, storeBodyLen)
+	b.ResetTimer()
+	start := time.Now()
+	for w := range 8 {
+		wg.Go(func() {
+			var ring [][]store.Key
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				msgs := make([]*store.Message, 256)
+				for j := range msgs {
+					msgs[j] = &store.Message{VHost: "/", Exchange: "x", RoutingKey: "rk", Body: body,
+						Due: storeBase + int64(w*1_000_000+i*256+j), Delay: 1000, Incarnation: ex.Incarnation}
+				}
+				if err := s.Put(ctx, msgs...); err != nil {
+					failed.Store(err)
+					return
+				}
+				keys := make([]store.Key, len(msgs))
+				for j, m := range msgs {
+					keys[j] = m.Key
+				}
+				ring = append(ring, keys)
+				if len(ring) > 10 {
+					if err := s.Delete(ctx, ring[0]...); err != nil {
+						failed.Store(err)
+						return
+					}
+					ring = ring[1:]
+					churned.Add(256)
+				}
+			}
+		})
+	}
+	tick := time.NewTicker(5 * time.Second)
+	for time.Since(start) < d {
+		<-tick.C
+		maxSize = max(maxSize, size())
+		if vacuum {
+			if _, err := conn.Exec(ctx, `VACUUM `+schema+`.messages`); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err, _ := failed.Load().(error); err != nil {
+			break
+		}
+	}
+	tick.Stop()
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if err, _ := failed.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	end := size()
+	b.ReportMetric(float64(churned.Load())/elapsed.Seconds(), "released/s")
+	b.ReportMetric(startSize, "start-MiB")
+	b.ReportMetric(max(maxSize, end), "max-MiB")
+	b.ReportMetric(end, "end-MiB")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkPGStore_Drain measures the scheduler releasing from the
+// PostgreSQL store, without RabbitMQ (every release confirmed at once):
+// 30,000 overdue messages, the proxy's scheduler settings (batches of 256,
+// 4,096 in flight, deletes lingering 20 ms). It isolates the store's part
+// of release throughput (Get before each batch, ScanKeys, group-committed
+// Deletes) from the broker's.
+func BenchmarkPGStore_Drain(b *testing.B) {
+	const pending = 30_000
+	var rate float64
+	for range b.N {
+		b.StopTimer()
+		s := teststore.OpenPG(b, teststore.PGSchema(b), pgstore.Options{})
+		ex := store.ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}
+		if err := s.PutExchange(context.Background(), &ex); err != nil {
+			b.Fatal(err)
+		}
+		var msgs []*store.Message
+		for i := range pending {
+			msgs = append(msgs, &store.Message{VHost: "/", Exchange: "x", RoutingKey: "rk", Body: make([]byte, 64),
+				Due: storeBase + int64(i/10), Delay: 1000, Incarnation: ex.Incarnation})
+			if len(msgs) == 1000 {
+				if err := s.Put(context.Background(), msgs...); err != nil {
+					b.Fatal(err)
+				}
+				msgs = nil
+			}
+		}
+		rel := newConfirmAll()
+		b.StartTimer()
+		began := time.Now()
+		stop := runSchedulerWith(b, s, rel, scheduler.Options{
+			Clock:        scheduler.NewManualClock(time.UnixMilli(storeBase).Add(time.Hour)),
+			MaxInFlight:  4096,
+			DeleteLinger: 20 * time.Millisecond,
+		})
+		rel.waitFor(pending)
+		rate += float64(pending) / time.Since(began).Seconds()
+		b.StopTimer()
+		stop()
+		testwait.Until(b, time.Minute, "the released messages deleted", func() bool { return s.Pending() == 0 })
+		b.StartTimer()
+	}
+	b.ReportMetric(rate/float64(b.N), "msgs/s")
+	b.ReportMetric(0, "ns/op")
 }

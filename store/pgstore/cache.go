@@ -63,11 +63,21 @@ func (s *Store) Exchanges() []store.ExchangeDef {
 // Stale reports whether m's incarnation is no longer live. The cache
 // answers when it knows better (m's incarnation is the live one, or older
 // than it: incarnations of a name only grow); when m is newer than the
-// cache, or its exchange unknown to it, another node changed the registry
-// and the database answers. When the database cannot, m is not stale: a
-// release too many rather than a message lost.
+// cache, or its exchange unknown to it, another node may have changed the
+// registry unheard yet, and the database answers. An incarnation found
+// dead there is remembered (it never lives again), so discarding the
+// messages of a deleted exchange reads the registry once. When the
+// database cannot answer, m is not stale: a release too many rather than
+// a message lost.
 func (s *Store) Stale(m *store.Message) bool {
-	if d, ok := s.Exchange(m.VHost, m.Exchange); ok && m.Incarnation <= d.Incarnation {
+	s.regMu.RLock()
+	d, ok := s.exchanges[exKey{m.VHost, m.Exchange}]
+	dead := s.dead[m.Incarnation]
+	s.regMu.RUnlock()
+	switch {
+	case dead:
+		return true
+	case ok && m.Incarnation <= d.Incarnation:
 		return m.Incarnation != d.Incarnation
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
@@ -75,6 +85,11 @@ func (s *Store) Stale(m *store.Message) bool {
 	if err := s.reload(ctx); err != nil {
 		return false
 	}
-	d, ok := s.Exchange(m.VHost, m.Exchange)
-	return !ok || d.Incarnation != m.Incarnation
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	if d, ok := s.exchanges[exKey{m.VHost, m.Exchange}]; ok && d.Incarnation == m.Incarnation {
+		return false
+	}
+	s.dead[m.Incarnation] = true
+	return true
 }

@@ -37,6 +37,10 @@ func Open(ctx context.Context, connURL string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store %s: not a valid PostgreSQL URL: %s", where, parseCause(err))
 	}
+	// Operators see the store's sessions in pg_stat_activity by name.
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "delayproxy"
+	}
 	// The committers, the listener's reloads and the reads each hold a
 	// connection at times.
 	cfg.MaxConns = max(cfg.MaxConns, int32(opts.Committers+4))
@@ -65,7 +69,7 @@ func Open(ctx context.Context, connURL string, opts Options) (*Store, error) {
 		shard:   int16(rand.IntN(shards)),
 		node:    fmt.Sprintf("%016x", rand.Uint64()),
 		reqs:    make(chan *request, 4*1024),
-		done:    make(chan struct{}),
+		dead:    map[uint64]bool{},
 	}
 	// The listener listens before Open returns, so that no change after
 	// the registry's reading goes unheard.
@@ -78,6 +82,10 @@ func Open(ctx context.Context, connURL string, opts Options) (*Store, error) {
 		_ = conn.Close(context.Background())
 		pool.Close()
 		return nil, fmt.Errorf("store %s: read the registry: %s", where, err)
+	}
+	var autovacuum string
+	if err := pool.QueryRow(ctx, `SHOW autovacuum`).Scan(&autovacuum); err == nil && autovacuum != "on" {
+		opts.Logger.Warn("store: the server runs with autovacuum off: the rows of released messages are not reclaimed and the messages table grows until VACUUM runs", "schema", opts.Schema)
 	}
 	s.stopCtx, s.stopListen = context.WithCancel(context.Background())
 	s.wg.Go(s.writer)

@@ -290,28 +290,61 @@ func (s *Store) Counts() []store.ExchangeCount {
 	return out
 }
 
-// Upcoming counts the stored messages by due minute into ranges, from the
-// tally (one row per minute that holds messages, per shard); see
-// store.Store.
+// Upcoming counts the stored messages by due minute into ranges; see
+// store.Store. It reads the tally rows of the minutes from bounds[0] to the
+// last bound (a few rows per minute that holds messages) and those before
+// bounds[0] (the overdue ones, few while release keeps up); what lies at
+// or after the last bound is the total (the count rows) less the rest, so
+// far-future messages cost nothing. Zeros when the database cannot be read.
 func (s *Store) Upcoming(bounds []int64) []int64 {
 	out := make([]int64, len(bounds)+1)
+	first, last := int64(0), int64(0)
+	if len(bounds) > 0 {
+		first, last = ceilMinute(bounds[0]), ceilMinute(bounds[len(bounds)-1])
+	}
 	ctx, cancel := readCtx()
 	defer cancel()
-	rows, err := s.pool.Query(ctx, sql(s.schema, `SELECT minute, sum(n)::bigint FROM S.tally GROUP BY minute`))
+	rows, err := s.pool.Query(ctx, sql(s.schema, `
+		SELECT minute, sum(n)::bigint FROM S.tally WHERE minute >= $1 AND minute < $2 GROUP BY minute
+		UNION ALL SELECT -1, coalesce(sum(n), 0)::bigint FROM S.tally WHERE minute < $1
+		UNION ALL SELECT -2, coalesce(sum(n), 0)::bigint FROM S.counts`), first, last)
 	if err != nil {
 		return out
 	}
-	var minute, n int64
-	_, _ = pgx.ForEachRow(rows, []any{&minute, &n}, func() error {
-		due := minute * 60_000
-		i, _ := slices.BinarySearchFunc(bounds, due, func(b, t int64) int {
-			if b <= t {
-				return -1
-			}
-			return 1
-		})
-		out[i] += n
+	var minute, n, total, counted int64
+	_, err = pgx.ForEachRow(rows, []any{&minute, &n}, func() error {
+		switch minute {
+		case -2:
+			total = n
+			return nil
+		case -1:
+			out[0] += n
+		default:
+			due := minute * 60_000
+			i, _ := slices.BinarySearchFunc(bounds, due, func(b, t int64) int {
+				if b <= t {
+					return -1
+				}
+				return 1
+			})
+			out[i] += n
+		}
+		counted += n
 		return nil
 	})
+	if err != nil {
+		return make([]int64, len(bounds)+1)
+	}
+	out[len(bounds)] += total - counted
 	return out
+}
+
+// ceilMinute is the first whole minute (in minutes since the epoch) whose
+// start is at or after ms.
+func ceilMinute(ms int64) int64 {
+	m := ms / 60_000 // rounds toward zero: up for negative ms
+	if ms%60_000 > 0 {
+		m++
+	}
+	return m
 }

@@ -31,7 +31,6 @@ type Store struct {
 	seqBlocks       []uint64
 
 	reqs       chan *request   // to the writer goroutine
-	done       chan struct{}   // closed when the writer has exited
 	stopCtx    context.Context // cancelled by Close: the listener stops
 	stopListen context.CancelFunc
 	wg         sync.WaitGroup // the writer and the listener
@@ -42,11 +41,12 @@ type Store struct {
 	closed  bool
 
 	// regMu guards the registry cache: the exchanges as last read from the
-	// database, by any goroutine that read or changed them.
+	// database, by any goroutine that read or changed them, and dead.
 	regMu      sync.RWMutex
 	exchanges  map[exKey]store.ExchangeDef
-	regApplied uint64        // the generation of the reload that filled exchanges
-	regGen     atomic.Uint64 // generations handed to reloads
+	dead       map[uint64]bool // incarnations Stale found dead in the database
+	regApplied uint64          // the generation of the reload that filled exchanges
+	regGen     atomic.Uint64   // generations handed to reloads
 
 	// statsMu guards stats.
 	statsMu sync.Mutex
