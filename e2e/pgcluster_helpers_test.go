@@ -79,7 +79,7 @@ func newPGStandby(t *testing.T, primary *pgServer) *pgServer {
 	s.run("pg_basebackup", "-h", "127.0.0.1", "-p", primary.port, "-U", "postgres", "-D", s.dir, "-R", "-X", "stream")
 	s.start()
 	primary.conf("synchronous_standby_names = '*'")
-	primary.run("pg_ctl", "-D", primary.dir, "reload")
+	primary.reload()
 	testwait.Until(t, 30*time.Second, "the standby to stream synchronously", func() bool {
 		out, _ := primary.psql("SELECT sync_state FROM pg_stat_replication")
 		return strings.TrimSpace(out) == "sync"
@@ -111,6 +111,12 @@ func (s *pgServer) start() {
 	s.t.Helper()
 	s.run("pg_ctl", "-D", s.dir, "-w", "-l", filepath.Join(filepath.Dir(s.dir), "server.log"),
 		"-o", fmt.Sprintf("-p %s -k %s -c listen_addresses=127.0.0.1", s.port, filepath.Dir(s.dir)), "start")
+}
+
+// reload makes the server read its configuration again.
+func (s *pgServer) reload() {
+	s.t.Helper()
+	s.run("pg_ctl", "-D", s.dir, "reload")
 }
 
 // stop stops the server (mode fast: open sessions are cut, committed
