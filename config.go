@@ -2,9 +2,11 @@ package delayproxy
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"math"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/delayproxy/delayproxy/admin"
 	"github.com/delayproxy/delayproxy/internal/amqpurl"
+	"github.com/delayproxy/delayproxy/store/pgstore"
 )
 
 // Limits and defaults that follow RabbitMQ 3.10's own.
@@ -52,8 +55,17 @@ type Config struct {
 	// means UpstreamURL. Its vhost is ignored (one connection per vhost), so
 	// it needs write permission on every vhost with delayed exchanges.
 	ReleaseURL string
-	// DataDir holds the store file; created if missing.
+	// DataDir holds the store file; created if missing. Unused when Store
+	// is set.
 	DataDir string
+	// Store selects the shared PostgreSQL store (cluster mode): a
+	// postgres:// or postgresql:// URL in libpq syntax (several hosts and
+	// target_session_attrs=read-write included). "" keeps the bbolt file
+	// in DataDir.
+	Store string
+	// StoreSchema is the PostgreSQL schema of the store's tables (and of
+	// the releaser lease), so that several clusters can share a database.
+	StoreSchema string
 	// HTTPAddr serves /metrics, /healthz, /readyz and the admin API.
 	HTTPAddr string
 	// AdminToken is the bearer token of the admin API; required when
@@ -104,6 +116,7 @@ func DefaultConfig() Config {
 		ListenAddr:          ":5673",
 		UpstreamURL:         "amqp://guest:guest@localhost:5672/",
 		DataDir:             "./data",
+		StoreSchema:         "delayproxy",
 		HTTPAddr:            "127.0.0.1:15673",
 		MaxDelay:            10 * year,
 		DeliveryTimeHeaders: true,
@@ -144,6 +157,12 @@ func (c Config) Validate() error {
 		if err := checkAMQPURL(c.ReleaseURL); err != nil {
 			return bad("release-url", "%v", err)
 		}
+	}
+	if err := checkStoreURL(c.Store); err != nil {
+		return bad("store", "%v", err)
+	}
+	if err := pgstore.CheckSchema(c.StoreSchema); err != nil {
+		return bad("store-schema", "%v", err)
 	}
 	if c.DataDir == "" {
 		return bad("data-dir", "must not be empty")
@@ -213,6 +232,27 @@ func checkHostPort(addr string) error {
 func checkAMQPURL(s string) error {
 	_, err := amqpurl.Parse(s, nil)
 	return err
+}
+
+// checkStoreURL checks --store: empty, or a postgres:// URL. Its errors
+// never repeat the password.
+func checkStoreURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		// url.Error repeats the URL, password included: keep its cause.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("not a valid URL: %w", err)
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return fmt.Errorf("URL %q: scheme must be postgres or postgresql", u.Redacted())
+	}
+	return nil
 }
 
 // ReleaseAccountURL is the URL the releaser connects with: ReleaseURL, or

@@ -103,6 +103,11 @@ func TestLoadConfigInvalid(t *testing.T) {
 		{"upstream bad escape hides password", []string{"--upstream", "amqp://u:hunter2@host%zz/"}, nil, "--upstream"},
 		{"upstream env", nil, map[string]string{"DELAYPROXY_UPSTREAM": "redis://x"}, "DELAYPROXY_UPSTREAM"},
 		{"release url", []string{"--release-url", "ftp://x"}, nil, "--release-url"},
+		{"store not postgres", []string{"--store", "mysql://u:hunter2@db/x"}, nil, "--store"},
+		{"store bad escape hides password", []string{"--store", "postgres://u:hunter2@host%zz/db"}, nil, "--store"},
+		{"store a path", nil, map[string]string{"DELAYPROXY_STORE": "/var/lib/delayproxy"}, "DELAYPROXY_STORE"},
+		{"store schema quoted", []string{"--store-schema", `"Mixed"`}, nil, "--store-schema"},
+		{"store schema starts with a digit", nil, map[string]string{"DELAYPROXY_STORE_SCHEMA": "1cluster"}, "DELAYPROXY_STORE_SCHEMA"},
 		{"data dir is a file", []string{"--data-dir", file}, nil, "--data-dir"},
 		{"data dir empty", []string{"--data-dir", ""}, nil, "--data-dir"},
 		{"http addr", []string{"--http-addr", "15673"}, nil, "--http-addr"},
@@ -186,6 +191,11 @@ func TestLoadConfigValid(t *testing.T) {
 		{"plain size", []string{"--max-message-size", "4096"}, func(c Config) bool { return c.MaxMessageSize == 4096 }},
 		{"heartbeat off", []string{"--heartbeat", "0"}, func(c Config) bool { return c.Heartbeat == 0 }},
 		{"amqps upstream", []string{"--upstream", "amqps://rabbit.internal/"}, func(c Config) bool { return true }},
+		{"bbolt store by default", nil, func(c Config) bool { return c.Store == "" && c.StoreSchema == "delayproxy" }},
+		{"postgres store, several hosts", []string{"--store", "postgres://dp:pw@pg1:5432,pg2:5432/dp?target_session_attrs=read-write"},
+			func(c Config) bool { return strings.HasPrefix(c.Store, "postgres://") }},
+		{"postgresql scheme, own schema", []string{"--store", "postgresql://pg/dp", "--store-schema", "cluster_b"},
+			func(c Config) bool { return c.StoreSchema == "cluster_b" }},
 		{"release rate fraction", []string{"--release-rate", "0.5"}, func(c Config) bool { return c.ReleaseRate == 0.5 }},
 	}
 	for _, tt := range tests {

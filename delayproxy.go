@@ -17,7 +17,6 @@ import (
 	"github.com/delayproxy/delayproxy/releaser"
 	"github.com/delayproxy/delayproxy/scheduler"
 	"github.com/delayproxy/delayproxy/store"
-	"github.com/delayproxy/delayproxy/store/boltstore"
 )
 
 // Proxy is one delayproxy instance: the AMQP listener, the delay engine
@@ -77,17 +76,15 @@ func (p *Proxy) Addrs() (amqpAddr, httpAddr net.Addr) {
 // in-flight releases finish, and closes the store. Nothing confirmed is lost
 // whichever way it stops: confirmed messages are on disk.
 func (p *Proxy) Run(ctx context.Context) (err error) {
-	path, err := p.cfg.EnsureDataDir()
+	m := metrics.New()
+	ann := &lateAnnouncer{}
+	opened, err := p.openStore(ctx, m, ann)
 	if err != nil {
 		return err
 	}
-	m := metrics.New()
-	st, err := boltstore.Open(path, boltstore.Options{Metrics: m})
-	if err != nil {
-		return fmt.Errorf("open store %s: %w", path, err)
-	}
+	st := opened.Store
 	defer func() { err = errors.Join(err, st.Close()) }()
-	if err := m.RegisterStore(st, path); err != nil {
+	if err := m.RegisterStore(opened.metrics, opened.path); err != nil {
 		return err
 	}
 
@@ -113,17 +110,11 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	if p.clock != nil {
 		now = p.clock.Now
 	}
-	sched := scheduler.New(st, rel, scheduler.Options{
-		Clock: p.clock,
-		Rate:  p.cfg.ReleaseRate,
-		// The releaser pipelines: batches are published in release order
-		// while earlier ones wait for RabbitMQ's confirms, so throughput is
-		// not one batch per confirm round trip.
-		MaxInFlight:  MaxReleasesInFlight,
-		DeleteLinger: ReleaseDeleteLinger,
-		Logger:       p.log.With("room", "scheduler"),
-		Metrics:      m,
-	})
+	sched, err := p.newReleasing(ctx, st, rel, m)
+	if err != nil {
+		return err
+	}
+	ann.set(sched)
 	if err := m.RegisterBacklog(sched); err != nil {
 		return err
 	}
@@ -195,7 +186,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	p.mu.Unlock()
 	close(p.ready)
 	p.log.Info("delayproxy started", "version", VersionString(), "amqp", ln.Addr().String(),
-		"http", web.Addr().String(), "upstream", redactURL(p.cfg.UpstreamURL), "data", path, "pending", st.Pending())
+		"http", web.Addr().String(), "upstream", redactURL(p.cfg.UpstreamURL), "store", opened.where, "pending", st.Pending())
 
 	var runErr error
 	select {

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -19,8 +18,10 @@ import (
 	"github.com/prometheus/common/model"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testproxy"
+	"github.com/delayproxy/delayproxy/internal/teststore"
 )
 
 // End-to-end benchmarks of delayed messages: a whole delayproxy (listener,
@@ -42,11 +43,17 @@ func startDelayProxy(b *testing.B) string {
 // the proxy's HTTP endpoint (/metrics).
 func startDelayProxyHTTP(b *testing.B) (amqpURL, httpURL string) {
 	b.Helper()
+	return startDelayProxyConfig(b, testproxy.Config(b))
+}
+
+// startDelayProxyConfig is startDelayProxyHTTP with cfg.
+func startDelayProxyConfig(b *testing.B, cfg delayproxy.Config) (amqpURL, httpURL string) {
+	b.Helper()
 	var logs io.Writer = io.Discard
 	if os.Getenv("DELAYPROXY_BENCH_LOG") != "" {
 		logs = os.Stderr
 	}
-	p := testproxy.Start(b, testproxy.Config(b), slog.New(slog.NewTextHandler(logs, nil)))
+	p := testproxy.Start(b, cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	b.Cleanup(func() {
 		if err := p.Stop(b, time.Minute); err != nil {
 			b.Errorf("delayproxy.Run: %v", err)
@@ -261,6 +268,7 @@ func benchDelayedVsDirect(b *testing.B, publishers, window int) {
 func BenchmarkRelease_Lateness10k(b *testing.B) {
 	b.Run("proxy", func(b *testing.B) { benchLateness(b, latenessProxy) })
 	b.Run("proxy-delivery-time", func(b *testing.B) { benchLateness(b, latenessProxyDeliveryTime) })
+	b.Run("cluster", func(b *testing.B) { benchLateness(b, latenessCluster) })
 	b.Run("ttl-dlx", func(b *testing.B) { benchLateness(b, latenessTTL) })
 	b.Run("paced-direct", func(b *testing.B) { benchLateness(b, latenessPaced) })
 	b.Run("paced-confirmed", func(b *testing.B) { benchLateness(b, latenessPacedConfirmed) })
@@ -291,7 +299,8 @@ const (
 	// millisecond, beside the x-delay ones, in the same run; it reports
 	// the lateness of each kind apart too (dt-*, xdelay-*).
 	latenessProxyDeliveryTime
-	latenessTTL // a wait queue with per-message TTL, dead-lettered
+	latenessCluster // delayproxy holds it in PostgreSQL (cluster mode, one node)
+	latenessTTL     // a wait queue with per-message TTL, dead-lettered
 	// latenessPaced publishes each message straight to the work queue at
 	// its due time: no delay mechanism at all. It is the floor of this
 	// machine and broker (timer wake-ups, publish, routing, delivery).
@@ -311,7 +320,7 @@ const (
 
 func benchLateness(b *testing.B, mode int) {
 	mixed := mode == latenessProxyDeliveryTime
-	viaProxy := mode == latenessProxy || mode == latenessProxyUnderIntake || mixed
+	viaProxy := mode == latenessProxy || mode == latenessProxyUnderIntake || mixed || mode == latenessCluster
 	const (
 		n          = 30_000
 		perSec     = 10_000
@@ -326,13 +335,26 @@ func benchLateness(b *testing.B, mode int) {
 	var exchange, key, proxyHTTP string
 	if viaProxy {
 		var proxied string
-		proxied, proxyHTTP = startDelayProxyHTTP(b)
+		cfg := testproxy.Config(b)
+		if mode == latenessCluster {
+			cfg.Store, cfg.StoreSchema = teststore.PGURL(), teststore.PGSchema(b)
+		}
+		proxied, proxyHTTP = startDelayProxyConfig(b, cfg)
 		exchange = declareDelayedExchange(b, dialChannel(b, proxied), "direct")
 		key = "work"
 		if err := admin.QueueBind(work, key, exchange, false, nil); err != nil {
 			b.Fatal(err)
 		}
-		pubs = newConfirmedPublishers(b, proxied, publishers, window)
+		conns := publishers
+		if mode == latenessCluster {
+			// A PostgreSQL commit takes longer than an fsync of the bbolt
+			// file, and the proxy keeps one commit in flight per
+			// connection: more connections publish the same messages
+			// within the lead. Publishing ends before the first due time
+			// either way, so lateness is measured alike.
+			conns *= 8
+		}
+		pubs = newConfirmedPublishers(b, proxied, conns, window)
 		if mode == latenessProxyUnderIntake {
 			intake = newConfirmedPublisher(b, proxied, 1024)
 		}
@@ -484,12 +506,7 @@ func benchLateness(b *testing.B, mode int) {
 		span += last.Sub(first)
 	}
 	b.StopTimer()
-	slices.Sort(late)
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	pct := func(p float64) time.Duration { return late[int(p*float64(len(late)-1))] }
-	b.ReportMetric(ms(pct(0.50)), "p50-ms")
-	b.ReportMetric(ms(pct(0.99)), "p99-ms")
-	b.ReportMetric(ms(late[len(late)-1]), "max-ms")
+	reportPercentiles(b, "", late)
 	b.ReportMetric(float64(early), "early")
 	b.ReportMetric(float64(len(late))/span.Seconds(), "arrivals/s")
 	if intake != nil {
@@ -497,10 +514,7 @@ func benchLateness(b *testing.B, mode int) {
 	}
 	for i, kind := range []string{"xdelay", "dt"} {
 		if l := lateKind[i]; len(l) > 0 {
-			slices.Sort(l)
-			b.ReportMetric(ms(l[len(l)/2]), kind+"-p50-ms")
-			b.ReportMetric(ms(l[int(0.99*float64(len(l)-1))]), kind+"-p99-ms")
-			b.ReportMetric(ms(l[len(l)-1]), kind+"-max-ms")
+			reportPercentiles(b, kind, l)
 		}
 	}
 	if viaProxy {

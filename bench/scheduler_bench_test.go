@@ -59,8 +59,8 @@ func runScheduler(b *testing.B, st *boltstore.Store, r scheduler.Releaser, clk s
 	return runSchedulerWith(b, st, r, scheduler.Options{Clock: clk})
 }
 
-// runSchedulerWith is runScheduler with options.
-func runSchedulerWith(b *testing.B, st *boltstore.Store, r scheduler.Releaser, opts scheduler.Options) (stop func()) {
+// runSchedulerWith is runScheduler with options, over any store.
+func runSchedulerWith(b *testing.B, st scheduler.Store, r scheduler.Releaser, opts scheduler.Options) (stop func()) {
 	opts.Logger = slog.New(slog.DiscardHandler)
 	s := scheduler.New(st, r, opts)
 	ctx, cancel := context.WithCancel(context.Background())

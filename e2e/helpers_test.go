@@ -111,7 +111,9 @@ func startProxyWith(t testing.TB, opt func(*delayproxy.Config), logger *slog.Log
 		if running {
 			tp.stop()
 		}
-		checkStore(t, cfg.StorePath())
+		if cfg.Store == "" { // PostgreSQL stores are checked by teststore.OpenPG
+			checkStore(t, cfg.StorePath())
+		}
 	})
 	return tp
 }

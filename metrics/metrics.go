@@ -111,6 +111,9 @@ type Metrics struct {
 
 	upstreamReconnects prometheus.Counter
 
+	role        prometheus.Gauge   // releaser role held (role.go)
+	roleChanges prometheus.Counter // releaser role taken or lost
+
 	backlog atomic.Pointer[Backlog] // set by RegisterBacklog; nil before
 }
 
@@ -175,6 +178,10 @@ func New() *Metrics {
 
 	m.upstreamReconnects = counter("upstream_reconnects_total",
 		"Times the releaser re-established its connection to RabbitMQ.")
+	m.role = gauge("releaser_role",
+		"1 while this node holds the releaser role and releases due messages: always with the bbolt store; in cluster mode, the node holding the lease.")
+	m.roleChanges = counter("releaser_role_changes_total",
+		"Times this node took or lost the releaser role (cluster mode).")
 
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
@@ -183,7 +190,7 @@ func New() *Metrics {
 		frames, bytes,
 		m.stored, m.released, m.cancelled, m.discarded, m.unroutable, refused,
 		m.lateness, m.commitTime, m.commitBatch,
-		m.upstreamReconnects,
+		m.upstreamReconnects, m.role, m.roleChanges,
 	)
 	return m
 }

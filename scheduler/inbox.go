@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"time"
+
 	"github.com/delayproxy/delayproxy/store"
 )
 
@@ -29,11 +31,32 @@ const maxInbox = 1 << 16
 // the loop: when its bounded inbox is full, the loader reads the message
 // from disk instead.
 func (s *Scheduler) Added(msgs ...*store.Message) {
+	s.queueAdds(len(msgs), func(i int) store.Key { return msgs[i].Key })
+}
+
+// Announced tells the scheduler of keys another node stored (the store's
+// notification, delivered after their commit): Added for keys alone.
+func (s *Scheduler) Announced(keys ...store.Key) {
+	s.queueAdds(len(keys), func(i int) store.Key { return keys[i] })
+}
+
+// Rescan makes the loader read the loaded horizon again from the store's
+// earliest key: the store may have missed announcements (its listener
+// reconnected). It never blocks on the loop.
+func (s *Scheduler) Rescan() {
+	s.mu.Lock()
+	s.rescan = true
+	s.mu.Unlock()
+	s.kick()
+}
+
+// queueAdds queues the n keys key(0) .. key(n-1) for the loop.
+func (s *Scheduler) queueAdds(n int, key func(int) store.Key) {
 	bound := s.addBound.Load()
 	queued := false
 	s.mu.Lock()
-	for _, m := range msgs {
-		k := m.Key
+	for i := range n {
+		k := key(i)
 		if k.Due() >= bound {
 			continue
 		}
@@ -74,14 +97,28 @@ func (s *Scheduler) Cancelled(keys ...store.Key) {
 	}
 }
 
-// drainInbox moves what Added and Cancelled queued into the wheel.
-func (s *Scheduler) drainInbox() {
+// drainInbox moves what Added and Cancelled queued into the wheel, and
+// moves the cursor back for a rescan that is due.
+func (s *Scheduler) drainInbox(now time.Time) {
 	s.mu.Lock()
 	adds, cancels := s.adds, s.cancels
 	s.adds, s.cancels = s.spare[:0], nil
 	missed, hasMissed := s.missed, s.hasMissed
 	s.hasMissed = false
+	rescan := s.rescan
+	s.rescan = false
 	s.mu.Unlock()
+
+	if s.opts.Rescan > 0 && !now.Before(s.rescanAt) {
+		rescan, s.rescanAt = true, now.Add(s.opts.Rescan)
+	}
+	if rescan {
+		if first, ok := s.st.NextDue(); ok {
+			if k := store.MakeKey(first, 255, 0); store.CompareKeys(k, s.cursor) < 0 {
+				s.cursor = k // keys already held are no-ops
+			}
+		}
+	}
 
 	for _, k := range adds {
 		if store.CompareKeys(k, s.cursor) >= 0 {

@@ -146,3 +146,37 @@ func TestInboxOverflowFallsBackToDisk(t *testing.T) {
 		t.Fatalf("released %v, want all 10", got)
 	}
 }
+
+// TestAnnouncedAndRescan: a key another node stored below the cursor
+// reaches the wheel when announced, or at a rescan (asked for, or
+// periodic), and is never released otherwise.
+func TestAnnouncedAndRescan(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		rescan time.Duration // Options.Rescan
+		tell   func(h *harness, k store.Key)
+		want   []string
+	}{
+		{"announced", 0, func(h *harness, k store.Key) { h.s.Announced(k) }, []string{"remote"}},
+		{"rescan asked for", 0, func(h *harness, k store.Key) { h.s.Rescan() }, []string{"remote"}},
+		{"periodic rescan", 2 * time.Second, func(*harness, store.Key) {}, []string{"remote"}},
+		{"neither: on disk only, below the cursor", 0, func(*harness, store.Key) {}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Options{Horizon: time.Minute, Rescan: tc.rescan})
+			h.start()
+			h.put("local", 5_000, 0)
+			h.settle() // the horizon is loaded: the cursor is a minute ahead
+			m := &store.Message{VHost: "/", Exchange: "dx", Body: []byte("remote"), Due: t0 + 4_000,
+				Delay: 4_000, MessageID: "remote", Incarnation: h.incarnation()}
+			if err := h.st.Put(context.Background(), m); err != nil { // as another node: no Added
+				t.Fatal(err)
+			}
+			tc.tell(h, m.Key)
+			h.settle()
+			h.advance(3 * time.Second)
+			h.advance(3 * time.Second)
+			h.wantReleased(append(tc.want, "local")...)
+		})
+	}
+}

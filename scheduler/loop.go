@@ -56,7 +56,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			s.testBegin()
 		}
 		now := s.clock.Now()
-		s.drainInbox()
+		s.drainInbox(now)
 		more := s.load(now)
 		s.dispatch(now)
 		s.startDelete(ctx)

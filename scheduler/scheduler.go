@@ -97,6 +97,12 @@ type Options struct {
 	// RetryBackoffMin and RetryBackoffMax bound the exponential wait after
 	// a release that was not confirmed. Defaults 100 ms and 30 s.
 	RetryBackoffMin, RetryBackoffMax time.Duration
+	// Rescan, when positive, makes the loader read the loaded horizon
+	// again from the store's NextDue every Rescan: the backstop for keys
+	// another node stored whose announcement (Announced) was lost. Keys
+	// already held are no-ops. Default 0: never, as a store only this
+	// scheduler's node writes to needs.
+	Rescan time.Duration
 	// Logger receives errors and retries. Default slog.Default().
 	Logger *slog.Logger
 
@@ -143,11 +149,12 @@ type Scheduler struct {
 	// loader has started to scan; Added ignores keys due at or after it,
 	// since a later scan will find them on disk. Raised before each scan.
 	addBound  atomic.Int64
-	mu        sync.Mutex // guards adds, cancels, missed, hasMissed and maxInbox
+	mu        sync.Mutex // guards adds, cancels, missed, hasMissed, rescan and maxInbox
 	adds      []store.Key
 	cancels   []store.Key
 	missed    store.Key // smallest key Added dropped for a full inbox
 	hasMissed bool
+	rescan    bool        // Rescan was called: read the loaded horizon again
 	maxInbox  int         // maxInbox, lowered by tests
 	spare     []store.Key // the loop's emptied adds array, for reuse
 
@@ -158,6 +165,7 @@ type Scheduler struct {
 	cursor    store.Key // keys >= cursor are on disk only
 	window    int64     // ms a new scan window may cover beyond the cursor
 	windowEnd int64     // end of the current scan window, continued in chunks
+	rescanAt  time.Time // the next periodic rescan (Options.Rescan)
 	jumped    bool      // the cursor has skipped to the first stored key
 	loadAfter time.Time // no load before this (after a store error)
 

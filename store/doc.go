@@ -2,8 +2,9 @@
 // Store interface, the types it speaks (Key, Message, ExchangeDef,
 // ExchangeCount, CommitInfo) and its sentinel errors. The delayed layer,
 // the scheduler, the admin API and the metrics see a store only through
-// it. store/boltstore implements it in one bbolt file; store/storetest is
-// the conformance suite every implementation passes.
+// it. store/boltstore implements it in one bbolt file, store/pgstore in a
+// PostgreSQL database several nodes share (cluster mode); store/storetest
+// is the conformance suite every implementation passes.
 //
 // # Invariants
 //

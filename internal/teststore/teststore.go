@@ -1,4 +1,5 @@
-// Package teststore opens the store tests run against: a real bbolt store,
+// Package teststore opens the stores tests run against: a real bbolt store
+// (Open) or a real PostgreSQL store in a schema of its own (PGSchema, OpenPG),
 // checked for integrity when the test ends.
 package teststore
 

@@ -1,0 +1,187 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/delayproxy/delayproxy/internal/crashtest"
+	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
+)
+
+// clusterNode is one proxy process of a cluster on a shared PostgreSQL
+// store (the test binary re-executed, TestReliabilityChildProxy).
+type clusterNode struct {
+	proc *crashtest.Process
+	tp   *testProxy  // its URLs, for the e2e helpers
+	down atomic.Bool // killed or stopped: clients and probes leave it alone
+}
+
+// cluster is n proxy processes on one schema of one database.
+type cluster struct {
+	t     *testing.T
+	nodes []*clusterNode
+	next  atomic.Uint64 // round robin of url
+}
+
+// startCluster starts n proxies in front of the test broker with the
+// PostgreSQL store at pgURL in schema.
+func startCluster(t *testing.T, n int, pgURL, schema string) *cluster {
+	t.Helper()
+	c := &cluster{t: t}
+	upstream := testbroker.URL(t)
+	for i := range n {
+		amqpAddr, httpAddr := crashtest.FreePort(t), crashtest.FreePort(t)
+		proc := crashtest.NewProcess(t, filepath.Join(t.TempDir(), fmt.Sprintf("node%d.log", i)), os.Args[0],
+			[]string{"-test.run=^TestReliabilityChildProxy$"},
+			[]string{
+				childEnv + "=1",
+				"DELAYPROXY_LISTEN=" + amqpAddr,
+				"DELAYPROXY_HTTP_ADDR=" + httpAddr,
+				"DELAYPROXY_UPSTREAM=" + upstream,
+				"DELAYPROXY_DATA_DIR=" + t.TempDir(),
+				"DELAYPROXY_STORE=" + pgURL,
+				"DELAYPROXY_STORE_SCHEMA=" + schema,
+				"DELAYPROXY_SHUTDOWN_GRACE=10s",
+			})
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("node %d log (last lines):\n%s", i, proc.Tail(40))
+			}
+		})
+		proc.Start(time.Minute)
+		c.nodes = append(c.nodes, &clusterNode{proc: proc,
+			tp: &testProxy{t: t, amqpURL: withHost(t, upstream, amqpAddr, ""), httpURL: "http://" + httpAddr}})
+	}
+	return c
+}
+
+// url is the AMQP URL of a node that is up, a different one at each call
+// (a client list of several hosts, or a load balancer).
+func (c *cluster) url() string {
+	for range len(c.nodes) {
+		n := c.nodes[c.next.Add(1)%uint64(len(c.nodes))]
+		if !n.down.Load() {
+			return n.tp.URL()
+		}
+	}
+	return c.nodes[0].tp.URL()
+}
+
+// roles reads delayproxy_releaser_role of every node that is up: the
+// indexes of those that hold it.
+func (c *cluster) roles() []int {
+	var holders []int
+	for i, n := range c.nodes {
+		if !n.down.Load() && n.tp.metric(c.t, "delayproxy_releaser_role") == 1 {
+			holders = append(holders, i)
+		}
+	}
+	return holders
+}
+
+// awaitHolder waits until exactly one node that is up holds the role, other
+// than not (-1: any), and returns it with when it was seen.
+func (c *cluster) awaitHolder(not int, within time.Duration) (int, time.Time) {
+	c.t.Helper()
+	h := -1
+	testwait.Until(c.t, within, "one node to hold the releaser role", func() bool {
+		rs := c.roles()
+		if len(rs) > 1 {
+			c.t.Fatalf("nodes %v hold the releaser role at once", rs)
+		}
+		if len(rs) == 1 && rs[0] != not {
+			h = rs[0]
+		}
+		return h >= 0
+	})
+	return h, time.Now()
+}
+
+// awaitExchange waits until every node that is up knows the delayed
+// exchange (the registry is shared; each node's cache hears of it).
+func (c *cluster) awaitExchange(ex string) {
+	c.t.Helper()
+	for i, n := range c.nodes {
+		testwait.Until(c.t, 15*time.Second, fmt.Sprintf("node %d to know exchange %s", i, ex), func() bool {
+			code, _ := n.tp.httpDo(c.t, http.MethodGet, exchangePath(ex))
+			return code == http.StatusOK
+		})
+	}
+}
+
+// stopAll stops every node that is up gracefully; each must exit 0.
+func (c *cluster) stopAll() {
+	c.t.Helper()
+	for i, n := range c.nodes {
+		if n.down.Load() {
+			continue
+		}
+		if err := n.proc.Stop(30 * time.Second); err != nil {
+			c.t.Errorf("node %d: graceful stop: %v", i, err)
+		}
+		if n.proc.LogContains("DATA RACE") {
+			c.t.Errorf("node %d: the race detector reported a race (see its log)", i)
+		}
+	}
+}
+
+// dueLedger records, for each message-id a Publisher publishes, the
+// earliest time it may arrive: when its Delay was asked (just before the
+// publish) plus the delay. The proxy times the delay from when it reads
+// the publish, later.
+type dueLedger struct {
+	mu       sync.Mutex // guards earliest
+	earliest map[string]time.Time
+}
+
+// delay wraps a Publisher's Delay for the publisher named name.
+func (d *dueLedger) delay(name string, f func(uint64) time.Duration) func(uint64) time.Duration {
+	return func(seq uint64) time.Duration {
+		delay := f(seq)
+		d.mu.Lock()
+		if d.earliest == nil {
+			d.earliest = map[string]time.Time{}
+		}
+		// The proxy reads its clock in whole milliseconds.
+		d.earliest[fmt.Sprintf("%s-%d", name, seq)] = time.Now().Truncate(time.Millisecond).Add(delay)
+		d.mu.Unlock()
+		return delay
+	}
+}
+
+// early counts the arrivals before their earliest time, and the worst.
+func (d *dueLedger) early(got []arrival) (n int, worst time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, a := range got {
+		if e, ok := d.earliest[a.MessageId]; ok && a.At.Before(e) {
+			n++
+			worst = max(worst, e.Sub(a.At))
+		}
+	}
+	return n, worst
+}
+
+// carryOn waits until every client has had more publishes confirmed than
+// it had when called: clients whose proxy or database failed reconnect (to
+// another node when theirs is gone) and carry on.
+func carryOn(t *testing.T, pubs *crashtest.Publishers, more int, within time.Duration) {
+	t.Helper()
+	by := time.Now().Add(within)
+	base := make([]int, len(pubs.All()))
+	for i, p := range pubs.All() {
+		base[i] = len(p.Ledger().Confirmed)
+	}
+	for i, p := range pubs.All() {
+		testwait.Until(t, time.Until(by), fmt.Sprintf("client %d to have %d more publishes confirmed", i, more), func() bool {
+			return len(p.Ledger().Confirmed) >= base[i]+more
+		})
+	}
+}

@@ -1,0 +1,376 @@
+package pgstore
+
+import (
+	"cmp"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/delayproxy/delayproxy/store"
+)
+
+// seqBlock is how many sequences one nextval of message_seq reserves
+// (its INCREMENT BY): a node hands them out in order, so that its later
+// Puts order after its earlier ones.
+const seqBlock = 1024
+
+// notifyPayloadMax keeps one NOTIFY payload under PostgreSQL's 8000 bytes.
+const notifyPayloadMax = 7800
+
+// commit is one attempt at committing a batch of requests.
+type commit struct {
+	s       *Store
+	shard   int16 // the count and tally rows this commit writes
+	reqs    []*request
+	refused map[*request]error // Puts refused by the registry: not in the transaction
+
+	written, deleted int
+	counts           map[uint64]int64 // stored messages per incarnation, the change
+	tally            map[int64]int64  // stored messages per due minute, the change
+	notify           []store.Key      // keys due soon, announced at commit
+}
+
+func newCommit(s *Store, reqs []*request, shard int16) *commit {
+	return &commit{s: s, shard: shard, reqs: reqs, refused: map[*request]error{}, counts: map[uint64]int64{}, tally: map[int64]int64{}}
+}
+
+// errNotLive is the SQLSTATE S.require_live raises.
+const errNotLive = "DP001"
+
+// run applies every request in one transaction and commits it: a batch of
+// Puts alone in one round trip (fastPuts), anything else, or Puts that
+// fast path found a dead incarnation in, in an explicit transaction.
+func (c *commit) run(ctx context.Context) error {
+	if err := c.fastPuts(ctx); !errors.Is(err, errSlowPath) {
+		return err
+	}
+	return c.runTx(ctx)
+}
+
+// errSlowPath: the batch needs the explicit transaction.
+var errSlowPath = errors.New("not for the fast path")
+
+// fastPuts commits a batch of Puts only in one round trip: the check that
+// every incarnation is live, the insert, the counts, the tally and the
+// notification are one pipelined batch, which PostgreSQL runs as one
+// implicit transaction committed at its end. When the check fails nothing
+// is written and the explicit transaction (runTx) finds the Puts to
+// refuse.
+func (c *commit) fastPuts(ctx context.Context) error {
+	var vhosts, names []string
+	var incs []int64
+	for _, r := range c.reqs {
+		if r.kind != opPut {
+			return errSlowPath
+		}
+		for _, m := range r.msgs {
+			vhosts, names, incs = append(vhosts, m.VHost), append(names, m.Exchange), append(incs, int64(m.Incarnation))
+		}
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql(c.s.schema, `SELECT S.require_live($1, $2, $3)`), vhosts, names, incs)
+	c.queuePuts(b, c.reqs)
+	c.queueCounts(b)
+	err := c.s.pool.SendBatch(ctx, b).Close()
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == errNotLive {
+		*c = *newCommit(c.s, c.reqs, c.shard)
+		return errSlowPath
+	}
+	return err
+}
+
+// runTx applies every request in one explicit transaction and commits it.
+func (c *commit) runTx(ctx context.Context) error {
+	tx, err := c.s.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, r := range c.reqs {
+		r.cancelled = nil
+	}
+	if err := c.cancels(ctx, tx); err != nil {
+		return err
+	}
+	if err := c.deletes(ctx, tx); err != nil {
+		return err
+	}
+	b := &pgx.Batch{}
+	if err := c.puts(ctx, tx, b); err != nil {
+		return err
+	}
+	c.queueCounts(b)
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// removed accounts for a message deleted by the transaction.
+func (c *commit) removed(k store.Key, inc uint64) {
+	c.deleted++
+	c.counts[inc]--
+	c.tally[k.Due()/60_000]--
+}
+
+// cancels runs the cancel requests, each its own statement: each wants to
+// know which of its messages were pending (their incarnation live).
+func (c *commit) cancels(ctx context.Context, tx pgx.Tx) error {
+	const byID = `WITH d AS (DELETE FROM S.messages WHERE vhost = $1 AND exchange = $2 AND message_id = $3 AND message_id <> ''
+		RETURNING k, incarnation)
+	SELECT d.k, d.incarnation, e.incarnation IS NOT NULL FROM d LEFT JOIN S.exchanges e ON e.incarnation = d.incarnation`
+	const byKey = `WITH d AS (DELETE FROM S.messages WHERE k = $1 RETURNING k, incarnation)
+	SELECT d.k, d.incarnation, e.incarnation IS NOT NULL FROM d LEFT JOIN S.exchanges e ON e.incarnation = d.incarnation`
+	for _, r := range c.reqs {
+		var rows pgx.Rows
+		var err error
+		switch r.kind {
+		case opCancelID:
+			rows, err = tx.Query(ctx, sql(c.s.schema, byID), r.vhost, r.exchange, r.id)
+		case opCancelKey:
+			rows, err = tx.Query(ctx, sql(c.s.schema, byKey), r.keys[0][:])
+		default:
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		var kb []byte
+		var inc uint64
+		var live bool
+		_, err = pgx.ForEachRow(rows, []any{&kb, &inc, &live}, func() error {
+			k, err := toKey(kb)
+			if err != nil {
+				return err
+			}
+			c.removed(k, inc)
+			if live {
+				r.cancelled = append(r.cancelled, k)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deletes removes the keys of every Delete request in one statement.
+func (c *commit) deletes(ctx context.Context, tx pgx.Tx) error {
+	var keys [][]byte
+	for _, r := range c.reqs {
+		if r.kind == opDelete {
+			for i := range r.keys {
+				keys = append(keys, r.keys[i][:])
+			}
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, sql(c.s.schema, `DELETE FROM S.messages WHERE k = ANY($1) RETURNING k, incarnation`), keys)
+	if err != nil {
+		return err
+	}
+	var kb []byte
+	var inc uint64
+	_, err = pgx.ForEachRow(rows, []any{&kb, &inc}, func() error {
+		k, err := toKey(kb)
+		if err != nil {
+			return err
+		}
+		c.removed(k, inc)
+		return nil
+	})
+	return err
+}
+
+// puts checks every Put request's incarnations against the registry in
+// the transaction, refuses the requests with one that is not live and
+// queues the insert of the others' messages (their keys set by the
+// writer) on b.
+func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
+	var vhosts, names []string
+	seen := map[exKey]bool{}
+	for _, r := range c.reqs {
+		if r.kind != opPut {
+			continue
+		}
+		for _, m := range r.msgs {
+			if k := (exKey{m.VHost, m.Exchange}); !seen[k] {
+				seen[k] = true
+				vhosts, names = append(vhosts, m.VHost), append(names, m.Exchange)
+			}
+		}
+	}
+	if len(vhosts) == 0 {
+		return nil
+	}
+	live := map[exKey]uint64{}
+	rows, err := tx.Query(ctx, sql(c.s.schema, `SELECT e.vhost, e.name, e.incarnation FROM S.exchanges e
+		JOIN unnest($1::text[], $2::text[]) AS u(vhost, name) ON e.vhost = u.vhost AND e.name = u.name`), vhosts, names)
+	if err != nil {
+		return err
+	}
+	var k exKey
+	var inc uint64
+	if _, err := pgx.ForEachRow(rows, []any{&k.vhost, &k.name, &inc}, func() error { live[k] = inc; return nil }); err != nil {
+		return err
+	}
+	var accepted []*request
+	for _, r := range c.reqs {
+		if r.kind != opPut {
+			continue
+		}
+		for _, m := range r.msgs {
+			if inc, ok := live[exKey{m.VHost, m.Exchange}]; !ok || m.Incarnation == 0 || inc != m.Incarnation {
+				c.refused[r] = fmt.Errorf("%w: %q in vhost %q (incarnation %d)", store.ErrUnknownExchange, m.Exchange, m.VHost, m.Incarnation)
+				break
+			}
+		}
+		if c.refused[r] == nil {
+			accepted = append(accepted, r)
+		}
+	}
+	c.queuePuts(b, accepted)
+	return nil
+}
+
+// queuePuts queues on b the insert of the messages of reqs (Puts, their
+// keys set) and accounts for them.
+func (c *commit) queuePuts(b *pgx.Batch, reqs []*request) {
+	n := 0
+	for _, r := range reqs {
+		n += len(r.msgs)
+	}
+	if n == 0 {
+		return
+	}
+	cols := newMessageColumns(n)
+	soon := c.s.opts.Now().Add(c.s.opts.NotifyWithin).UnixMilli()
+	for _, r := range reqs {
+		for _, m := range r.msgs {
+			cols.add(m)
+			c.written++
+			c.counts[m.Incarnation]++
+			c.tally[m.Due/60_000]++
+			if c.s.opts.NotifyWithin >= 0 && m.Due < soon {
+				c.notify = append(c.notify, m.Key)
+			}
+		}
+	}
+	b.Queue(sql(c.s.schema, `INSERT INTO S.messages (k, incarnation, vhost, exchange, routing_key, mandatory,
+		properties, body, delay, priority, message_id)
+		SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::boolean[],
+			$7::bytea[], $8::bytea[], $9::bigint[], $10::smallint[], $11::text[])`), cols.args()...)
+}
+
+// queueCounts queues on b the changes of the counts and the tally (this
+// node's shard rows, in key order so that concurrent commits lock them in
+// the same order) and the notification of the keys due soon.
+func (c *commit) queueCounts(b *pgx.Batch) {
+	s := c.s
+	if incs, ns := sortedDeltas(c.counts); len(incs) > 0 {
+		b.Queue(sql(s.schema, `INSERT INTO S.counts (incarnation, shard, n)
+			SELECT i, $3, n FROM unnest($1::bigint[], $2::bigint[]) AS u(i, n)
+			ON CONFLICT (incarnation, shard) DO UPDATE SET n = S.counts.n + EXCLUDED.n`), incs, ns, c.shard)
+	}
+	if minutes, ns := sortedDeltas(c.tally); len(minutes) > 0 {
+		b.Queue(sql(s.schema, `INSERT INTO S.tally (minute, shard, n)
+			SELECT m, $3, n FROM unnest($1::bigint[], $2::bigint[]) AS u(m, n)
+			ON CONFLICT (minute, shard) DO UPDATE SET n = S.tally.n + EXCLUDED.n`), minutes, ns, c.shard)
+		if slices.ContainsFunc(ns, func(n int64) bool { return n < 0 }) { // only a decrement can empty a row
+			b.Queue(sql(s.schema, `DELETE FROM S.tally WHERE shard = $1 AND minute = ANY($2) AND n = 0`), c.shard, minutes)
+		}
+	}
+	if len(c.notify) > 0 {
+		b.Queue(`SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, s.channel(keysChannel), notifyPayloads(s.node, c.notify))
+	}
+}
+
+// sortedDeltas lists the non-zero changes of m by key.
+func sortedDeltas[K uint64 | int64](m map[K]int64) (keys []int64, deltas []int64) {
+	ks := make([]K, 0, len(m))
+	for k, d := range m {
+		if d != 0 {
+			ks = append(ks, k)
+		}
+	}
+	slices.SortFunc(ks, cmp.Compare[K])
+	for _, k := range ks {
+		keys, deltas = append(keys, int64(k)), append(deltas, m[k])
+	}
+	return keys, deltas
+}
+
+// notifyPayloads packs keys, hex-encoded after the sending node's id, into
+// payloads PostgreSQL accepts: "node key key ...".
+func notifyPayloads(node string, keys []store.Key) []string {
+	var out []string
+	var sb strings.Builder
+	for _, k := range keys {
+		if sb.Len() == 0 {
+			sb.WriteString(node)
+		}
+		sb.WriteByte(' ')
+		sb.WriteString(hex.EncodeToString(k[:]))
+		if sb.Len() > notifyPayloadMax {
+			out = append(out, sb.String())
+			sb.Reset()
+		}
+	}
+	if sb.Len() > 0 {
+		out = append(out, sb.String())
+	}
+	return out
+}
+
+// takeSeqs hands out n sequences, in order, from this node's reserved
+// blocks, reserving the blocks it lacks in one statement. Called by the
+// writer only.
+func (s *Store) takeSeqs(ctx context.Context, n int) ([]uint64, error) {
+	if lack := n - int(s.seqEnd-s.seqNext); lack > 0 {
+		rows, err := s.pool.Query(ctx, sql(s.schema, `SELECT nextval('S.message_seq') FROM generate_series(1, $1)`), (lack+seqBlock-1)/seqBlock)
+		if err != nil {
+			return nil, err
+		}
+		starts, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return nil, err
+		}
+		slices.Sort(starts)
+		for _, v := range starts {
+			s.seqBlocks = append(s.seqBlocks, uint64(v))
+		}
+	}
+	out := make([]uint64, 0, n)
+	for len(out) < n {
+		if s.seqNext == s.seqEnd {
+			s.seqNext, s.seqEnd = s.seqBlocks[0], s.seqBlocks[0]+seqBlock
+			s.seqBlocks = s.seqBlocks[1:]
+		}
+		out = append(out, s.seqNext)
+		s.seqNext++
+	}
+	return out, nil
+}
+
+// toKey checks that b is a stored key.
+func toKey(b []byte) (store.Key, error) {
+	var k store.Key
+	if len(b) != store.KeySize {
+		return k, fmt.Errorf("store: stored key of %d bytes", len(b))
+	}
+	copy(k[:], b)
+	return k, nil
+}
