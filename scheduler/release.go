@@ -8,17 +8,18 @@ import (
 )
 
 // The release pipeline. The loop takes due keys from the wheel (dispatch)
-// and two goroutines carry each batch to RabbitMQ and back, in dispatch
+// and three goroutines carry each batch to RabbitMQ and back, in dispatch
 // order:
 //
-//	loop ──batch keys──▶ publishLoop ──published──▶ confirmLoop
-//	  ▲                  (Get, Publish)             (wait confirms)
-//	  └──────────────────results──────────────────────────┘
+//	loop ──batch keys──▶ fetchLoop ──▶ publishLoop ──published──▶ confirmLoop
+//	  ▲                  (Get, a few      (Publish)                (wait confirms)
+//	  │                   batches ahead)
+//	  └──────────────────────────results──────────────────────────────┘
 //
-// publishLoop reads each batch from the store, skips keys that are gone
-// (cancelled), collects stale ones (exchange deleted or re-created: deleted,
-// never released) and hands the rest to the Releaser; confirmLoop awaits the
-// confirms. A plain (not pipelined) Releaser gets one goroutine per Release
+// fetchLoop reads each batch from the store, a few batches ahead;
+// publishLoop skips keys that are gone (cancelled), collects stale ones
+// (exchange deleted or re-created: deleted, never released) and hands the
+// rest to the Releaser; confirmLoop awaits the confirms. A plain (not pipelined) Releaser gets one goroutine per Release
 // call, at most MaxInFlight/BatchSize at once. The loop then queues
 // confirmed and stale keys for their delete (delete.go) and puts
 // unconfirmed ones back into the wheel.
@@ -98,24 +99,27 @@ func (s *Scheduler) refill(now time.Time) {
 }
 
 // publishLoop is the release pipeline's first stage, one goroutine: it
-// takes dispatched batches in dispatch order, reads them from the store,
-// drops what is gone or stale and hands the rest to the Releaser. It does
-// not wait for confirms (confirmLoop does), so batches go out one after
-// another, in order, with one hand-off between the loop and the wire.
+// takes dispatched batches in dispatch order, as read from the store by
+// fetchLoop, drops what is gone or stale and hands the rest to the
+// Releaser. It does not wait for confirms (confirmLoop does), so batches
+// go out one after another, in order, with one hand-off between the loop
+// and the wire.
 func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits chan<- published) {
 	defer close(waits)
 	publish := s.publishFunc()
-	for job := range jobs {
-		keys := job.keys
-		res := releaseResult{seq: job.seq, n: len(keys)}
-		msgs, err := s.st.Get(keys)
-		if err != nil {
-			res.err, res.retry = err, keys
+	fetched := make(chan *fetch, fetchAhead)
+	s.wg.Go(func() { s.fetchLoop(jobs, fetched) })
+	for f := range fetched {
+		<-f.done
+		keys := f.job.keys
+		res := releaseResult{seq: f.job.seq, n: len(keys)}
+		if f.err != nil {
+			res.err, res.retry = f.err, keys
 			s.results <- res
 			continue
 		}
-		live := make([]*store.Message, 0, len(msgs))
-		for i, m := range msgs {
+		live := make([]*store.Message, 0, len(f.msgs))
+		for i, m := range f.msgs {
 			switch {
 			case m == nil:
 				res.gone = append(res.gone, keys[i])
@@ -133,6 +137,36 @@ func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits
 		// A PipelinedReleaser has written the batch by now; a plain
 		// Releaser has only been started.
 		waits <- published{res: res, live: live, at: s.clock.Now(), wait: wait}
+	}
+}
+
+// fetchAhead is how many dispatched batches are read from the store ahead
+// of the one being published. A store whose Get is a round trip to a
+// database (pgstore) would otherwise bound release to one batch per round
+// trip; the batches are small when release keeps up (what fell due since
+// the last turn). A message cancelled after its read is published anyway,
+// as one cancelled while it was being published.
+const fetchAhead = 4
+
+// fetch is one dispatched batch being read from the store.
+type fetch struct {
+	job  batchJob
+	msgs []*store.Message
+	err  error
+	done chan struct{} // closed once msgs and err are set
+}
+
+// fetchLoop starts the store read of each dispatched batch as it comes,
+// up to fetchAhead+2 at once, and hands them on in dispatch order.
+func (s *Scheduler) fetchLoop(jobs <-chan batchJob, fetched chan<- *fetch) {
+	defer close(fetched)
+	for job := range jobs {
+		f := &fetch{job: job, done: make(chan struct{})}
+		s.wg.Go(func() {
+			f.msgs, f.err = s.st.Get(job.keys)
+			close(f.done)
+		})
+		fetched <- f
 	}
 }
 

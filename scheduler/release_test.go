@@ -395,3 +395,52 @@ func TestPipelinedReleaserKeepsOrderWithBatchesInFlight(t *testing.T) {
 		}
 	}
 }
+
+// slowGets is a store whose Get takes a while, varying by call, as a read
+// from a database over a network does: reads started in order finish out
+// of order.
+type slowGets struct {
+	Store
+	mu sync.Mutex // guards n
+	n  int
+}
+
+func (s *slowGets) Get(keys []store.Key) ([]*store.Message, error) {
+	s.mu.Lock()
+	s.n++
+	d := time.Duration(s.n%4) * time.Millisecond
+	s.mu.Unlock()
+	time.Sleep(d) // real time: the reads overlap for real
+	return s.Store.Get(keys)
+}
+
+// TestBatchesReadAheadKeepOrder: batches are read from the store ahead of
+// the one being published, and still published in release order when the
+// reads finish out of order.
+func TestBatchesReadAheadKeepOrder(t *testing.T) {
+	h := newHarness(t, Options{BatchSize: 4, MaxInFlight: 64})
+	h.backend = &slowGets{Store: h.st}
+	p := &pipeline{recorder: h.rel, open: make(chan struct{}), published: make(chan []string, 100)}
+	h.piped = p
+	var msgs []*store.Message
+	for i := range 40 {
+		msgs = append(msgs, h.put(fmt.Sprintf("m%02d", i), 1+int64(i/8), uint8(i%3)))
+	}
+	want := inReleaseOrder(msgs...)
+	h.start()
+	h.clk.Advance(10 * time.Millisecond)
+	var got []string
+	for len(got) < 40 {
+		select {
+		case ids := <-p.published:
+			got = append(got, ids...)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d of 40 published", len(got))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("published in order\n%v\nwant\n%v", got, want)
+	}
+	close(p.open)
+	h.settle()
+}
