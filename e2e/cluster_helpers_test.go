@@ -185,3 +185,22 @@ func carryOn(t *testing.T, pubs *crashtest.Publishers, more int, within time.Dur
 		})
 	}
 }
+
+// finish stops the publishers, waits up to within for every confirmed
+// message to arrive, checks that none is lost or early and that
+// duplicates stay within clusterBound, and stops the cluster.
+func (c *cluster) finish(t *testing.T, got *consumer, pubs *crashtest.Publishers, dues *dueLedger, within time.Duration) {
+	t.Helper()
+	ls := pubs.Stop()
+	awaitDelivered(t, got, pubs, within)
+	arrivals := got.stop(t)
+	tally := crashtest.Count(ls, messageIDs(arrivals))
+	t.Logf("%v", tally)
+	if err := tally.Err(clusterBound); err != nil {
+		t.Error(err)
+	}
+	if n, worst := dues.early(arrivals); n > 0 {
+		t.Errorf("%d messages arrived early, the worst by %v", n, worst)
+	}
+	c.stopAll()
+}

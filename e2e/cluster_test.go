@@ -118,18 +118,7 @@ func TestCluster_ReleasingNodeFails(t *testing.T) {
 			if tt.recover == nil && cut == 0 {
 				t.Error("no client's connection went through the killed node")
 			}
-			ls := pubs.Stop()
-			awaitDelivered(t, got, pubs, 40*time.Second)
-			arrivals := got.stop(t)
-			tally := crashtest.Count(ls, messageIDs(arrivals))
-			t.Logf("%v", tally)
-			if err := tally.Err(clusterBound); err != nil {
-				t.Error(err)
-			}
-			if n, worst := dues.early(arrivals); n > 0 {
-				t.Errorf("%d messages arrived early, the worst by %v", n, worst)
-			}
-			c.stopAll()
+			c.finish(t, got, pubs, &dues, 40*time.Second)
 		})
 	}
 }
