@@ -2,7 +2,6 @@ package teststore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/delayproxy/delayproxy/store"
 	"github.com/delayproxy/delayproxy/store/pgstore"
 )
 
@@ -63,25 +61,5 @@ func PGSchema(t testing.TB) string {
 func OpenPG(t testing.TB, schema string, opts pgstore.Options) *pgstore.Store {
 	t.Helper()
 	opts.Schema = schema
-	s, err := pgstore.Open(context.Background(), PGURL(), opts)
-	if err != nil {
-		t.Fatalf("teststore: %v", err)
-	}
-	t.Cleanup(func() {
-		err := s.Check()
-		if errors.Is(err, store.ErrClosed) {
-			if s, err = pgstore.Open(context.Background(), PGURL(), opts); err != nil {
-				t.Errorf("teststore: reopen for the check: %v", err)
-				return
-			}
-			err = s.Check()
-		}
-		if err != nil {
-			t.Errorf("teststore: %v", err)
-		}
-		if err := s.Close(); err != nil {
-			t.Errorf("teststore: close: %v", err)
-		}
-	})
-	return s
+	return openChecked(t, func() (*pgstore.Store, error) { return pgstore.Open(context.Background(), PGURL(), opts) })
 }

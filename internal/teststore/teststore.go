@@ -23,14 +23,29 @@ func Open(t testing.TB, path string, opts boltstore.Options) *boltstore.Store {
 	if path == "" {
 		path = filepath.Join(t.TempDir(), "delayproxy.db")
 	}
-	s, err := boltstore.Open(path, opts)
+	return openChecked(t, func() (*boltstore.Store, error) { return boltstore.Open(path, opts) })
+}
+
+// checkedStore is a store with an integrity check.
+type checkedStore interface {
+	Check() error
+	Close() error
+}
+
+// openChecked opens a store with open and, when the test ends, runs its
+// Check, failing the test on a corrupt store, and closes it; a store the
+// test closed itself is opened again for the check.
+func openChecked[S checkedStore](t testing.TB, open func() (S, error)) S {
+	t.Helper()
+	s, err := open()
 	if err != nil {
 		t.Fatalf("teststore: %v", err)
 	}
 	t.Cleanup(func() {
+		s := s
 		err := s.Check()
 		if errors.Is(err, store.ErrClosed) {
-			if s, err = boltstore.Open(path, opts); err != nil {
+			if s, err = open(); err != nil {
 				t.Errorf("teststore: reopen for the check: %v", err)
 				return
 			}
