@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/internal/crashtest"
-	"github.com/delayproxy/delayproxy/internal/testbroker"
 )
 
 // TestCluster_DatabaseFails: two proxies on PostgreSQL servers of the
@@ -59,10 +58,7 @@ func TestCluster_DatabaseFails(t *testing.T) {
 			url, fail := tt.servers(t)
 			c := startCluster(t, 2, url, "delayproxy")
 			c.awaitHolder(-1, 15*time.Second)
-			ch := testbroker.Channel(t, c.nodes[0].tp.dial(t))
-			ex, q := delayedQueue(t, ch, "fanout", "")
-			c.awaitExchange(ex)
-			got := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
+			ex, got := c.delayedQueue(t)
 
 			var dues dueLedger
 			tag := randHex(t, 4)

@@ -204,3 +204,14 @@ func (c *cluster) finish(t *testing.T, got *consumer, pubs *crashtest.Publishers
 	}
 	c.stopAll()
 }
+
+// delayedQueue declares a delayed fanout exchange through the first node,
+// bound to a queue, waits until every node knows the exchange, and
+// consumes the queue straight from RabbitMQ.
+func (c *cluster) delayedQueue(t *testing.T) (exchange string, got *consumer) {
+	t.Helper()
+	ch := testbroker.Channel(t, c.nodes[0].tp.dial(t))
+	ex, q := delayedQueue(t, ch, "fanout", "")
+	c.awaitExchange(ex)
+	return ex, consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
+}

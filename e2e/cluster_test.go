@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/internal/crashtest"
-	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 )
@@ -64,10 +63,7 @@ func TestCluster_ReleasingNodeFails(t *testing.T) {
 			h, _ := c.awaitHolder(-1, 15*time.Second)
 			t.Logf("node %d holds the releaser role", h)
 
-			ch := testbroker.Channel(t, c.nodes[0].tp.dial(t))
-			ex, q := delayedQueue(t, ch, "fanout", "")
-			c.awaitExchange(ex)
-			got := consume(t, testbroker.Dial(t, testbroker.URL(t)), q)
+			ex, got := c.delayedQueue(t)
 
 			var dues dueLedger
 			tag := randHex(t, 4)
