@@ -192,12 +192,14 @@ func (h *connHooks) checkPublish(def *store.ExchangeDef, routingKey string) erro
 // queue), and answers them.
 func (h *connHooks) storer() {
 	defer h.i.wg.Done()
-	batch := make([]*job, 0, cap(h.queue))
-	msgs := make([]*store.Message, 0, cap(h.queue))
+	// Grown as batches come: a connection that never publishes a delayed
+	// message holds no more than its queue.
+	var batch []*job
+	var msgs []*store.Message
 	for j := range h.queue {
 		batch = append(batch[:0], j)
 	more:
-		for len(batch) < cap(batch) {
+		for len(batch) < cap(h.queue) {
 			select {
 			case j, ok := <-h.queue:
 				if !ok {
@@ -230,7 +232,8 @@ func (h *connHooks) storer() {
 		for _, j := range batch {
 			j.pub.Ack()
 		}
-		clear(batch)
+		clear(batch) // no message (nor its body) stays reachable until the next batch
+		clear(msgs)
 	}
 }
 
