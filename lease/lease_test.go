@@ -148,6 +148,7 @@ func TestPausedHolderLosesTheRoleFirst(t *testing.T) {
 	schema := teststore.PGSchema(t)
 	var pauseA atomic.Bool
 	unpause := make(chan struct{})
+	resume := sync.OnceFunc(func() { close(unpause) }) // SIGCONT
 	a := open(t, schema, "a", nil)
 	a.beforeTry = func() {
 		if pauseA.Load() {
@@ -156,6 +157,7 @@ func TestPausedHolderLosesTheRoleFirst(t *testing.T) {
 	}
 	ra := &recorder{}
 	run(t, a, ra.lead)
+	t.Cleanup(resume) // before a's stop (cleanups run last first), or a failed test hangs in it
 	testwait.Until(t, 5*time.Second, "a to take the role", a.Held)
 
 	pauseA.Store(true)
@@ -168,7 +170,12 @@ func TestPausedHolderLosesTheRoleFirst(t *testing.T) {
 		aHeldAtTakeover.Store(a.Held())
 		rb.lead(ctx, epoch)
 	})
-	testwait.Until(t, 5*time.Second, "b to take the role", b.Held)
+	// b's lead records a's view before rb's term: wait for the term, not
+	// for b.Held, which is true before lead runs.
+	testwait.Until(t, 5*time.Second, "b to take the role", func() bool {
+		terms, _ := rb.state()
+		return terms == 1
+	})
 	t.Logf("b took the role %v after a's loop paused", time.Since(taken))
 	if aHeldAtTakeover.Load() {
 		t.Fatal("a still held the role by its own clock when b took it")
@@ -177,7 +184,7 @@ func TestPausedHolderLosesTheRoleFirst(t *testing.T) {
 		t.Fatal("a's term ended although its loop was paused")
 	}
 
-	close(unpause) // SIGCONT
+	resume()
 	testwait.Until(t, 5*time.Second, "a's term to end once its loop runs", func() bool {
 		_, active := ra.state()
 		return !active
