@@ -185,6 +185,7 @@ func (p *Proxy) newReleasing(ctx context.Context, st store.Store, rel *releaser.
 			// throughput is not one batch per confirm round trip.
 			MaxInFlight:  MaxReleasesInFlight,
 			DeleteLinger: ReleaseDeleteLinger,
+			ReadAhead:    ReleaseReadAhead,
 			Rescan:       p.rescan(),
 			Logger:       p.log.With("room", "scheduler"),
 			Metrics:      m,

@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"maps"
 )
 
 // The exchange deletes. DeleteExchange removes a delayed exchange from the
@@ -122,7 +121,10 @@ func (s *Scheduler) startExchangeDelete(ctx context.Context) bool {
 // flight are awaited.
 func (s *Scheduler) exchangeRemoved(req *exchangeDelete) {
 	req.removed = true
-	req.awaiting = maps.Clone(s.unanswered)
+	req.awaiting = make(map[uint64]struct{}, len(s.unanswered))
+	for seq := range s.unanswered {
+		req.awaiting[seq] = struct{}{}
+	}
 	close(req.answered)
 	s.completeExchangeDeletes()
 }

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"slices"
 	"time"
 
 	"github.com/delayproxy/delayproxy/store"
@@ -97,6 +98,19 @@ func (s *Scheduler) Cancelled(keys ...store.Key) {
 	}
 }
 
+// inFlight reports whether k is in a batch dispatched and not yet answered.
+func (s *Scheduler) inFlight(k store.Key) bool {
+	if _, out := s.outstanding[k]; !out {
+		return false
+	}
+	for _, keys := range s.unanswered {
+		if slices.Contains(keys, k) {
+			return true
+		}
+	}
+	return false
+}
+
 // drainInbox moves what Added and Cancelled queued into the wheel, and
 // moves the cursor back for a rescan that is due.
 func (s *Scheduler) drainInbox(now time.Time) {
@@ -127,7 +141,9 @@ func (s *Scheduler) drainInbox(now time.Time) {
 		s.addKey(k)
 	}
 	for _, k := range cancels {
-		s.w.Cancel(k)
+		if !s.w.Cancel(k) && s.aheadMs > 0 && s.inFlight(k) {
+			s.withdrawn.add(k) // dispatched ahead: publishLoop leaves it out
+		}
 	}
 	if hasMissed && store.CompareKeys(missed, s.cursor) < 0 {
 		s.cursor = missed // scan again from there; keys already held are no-ops

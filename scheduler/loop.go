@@ -66,7 +66,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		// is armed for that instant, or a slow turn (or a fake clock moved
 		// meanwhile) would make the wake-up late by that much.
 		timer.ResetAt(now.Add(wait))
-		if wait > 0 && s.idle != nil && s.inflight == 0 && !s.deleting {
+		if wait > 0 && s.idle != nil && s.inflight == s.aheadOf(now.UnixMilli()) && !s.deleting {
 			s.idle(now.UnixMilli())
 		}
 		select {
@@ -129,6 +129,9 @@ func (s *Scheduler) nextWake(now time.Time, loadMore bool) time.Duration {
 	}
 	if next, ok := s.w.Next(); ok && s.canDispatch() {
 		t := time.UnixMilli(next)
+		if s.w.due.n == 0 {
+			t = t.Add(-s.opts.ReadAhead) // dispatched ahead (expireAhead)
+		}
 		if t.Before(s.holdUntil) {
 			t = s.holdUntil
 		}

@@ -17,9 +17,11 @@ import (
 //	  └──────────────────────────results──────────────────────────────┘
 //
 // fetchLoop reads each batch from the store, a few batches ahead;
-// publishLoop skips keys that are gone (cancelled), collects stale ones
-// (exchange deleted or re-created: deleted, never released) and hands the
-// rest to the Releaser; confirmLoop awaits the confirms. A plain (not pipelined) Releaser gets one goroutine per Release
+// publishLoop holds each message until its due millisecond (a batch holds
+// keys due up to ReadAhead later, behind the due ones), skips keys that
+// are gone (cancelled), collects stale ones (exchange deleted or
+// re-created: deleted, never released) and hands the rest to the
+// Releaser; confirmLoop awaits the confirms. A plain (not pipelined) Releaser gets one goroutine per Release
 // call, at most MaxInFlight/BatchSize at once. The loop then queues
 // confirmed and stale keys for their delete (delete.go) and puts
 // unconfirmed ones back into the wheel.
@@ -46,7 +48,8 @@ type releaseResult struct {
 
 // dispatch hands due keys to the release pipeline while limits allow: at
 // most BatchSize per batch, MaxInFlight in flight, and within Rate (a token
-// bucket holding 100 ms of the rate).
+// bucket holding 100 ms of the rate). With ReadAhead, a batch also takes
+// the keys due within ReadAhead after now, behind the due ones.
 func (s *Scheduler) dispatch(now time.Time) {
 	if now.Before(s.holdUntil) {
 		return
@@ -62,6 +65,9 @@ func (s *Scheduler) dispatch(now time.Time) {
 			}
 		}
 		batch := s.w.ExpireN(nowMs, nil, n)
+		if s.aheadMs > 0 {
+			batch = s.expireAhead(nowMs, batch, n)
+		}
 		if len(batch) == 0 {
 			return
 		}
@@ -74,9 +80,41 @@ func (s *Scheduler) dispatch(now time.Time) {
 		s.inflight += len(batch)
 		s.calls++
 		s.batchSeq++
-		s.unanswered[s.batchSeq] = struct{}{}
+		s.unanswered[s.batchSeq] = batch
 		s.jobs <- batchJob{seq: s.batchSeq, keys: batch} // never blocks: it holds maxCalls
 	}
+}
+
+// expireAhead appends to batch, up to n keys in all, the keys due within
+// ReadAhead after nowMs: one millisecond at a time, in due order, each
+// millisecond's keys in release order, so that publishLoop can publish a
+// batch's keys as each falls due. It stops while the wheel is behind (its
+// due queues hold keys): those go first, once due.
+func (s *Scheduler) expireAhead(nowMs int64, batch []store.Key, n int) []store.Key {
+	for len(batch) < n && s.w.due.n == 0 {
+		next, ok := s.w.Next()
+		if !ok || next > nowMs+s.aheadMs {
+			break
+		}
+		batch = s.w.ExpireN(next, batch, n-len(batch))
+	}
+	return batch
+}
+
+// aheadOf counts the keys of the batches in flight not yet due at nowMs:
+// dispatched ahead (ReadAhead), so not overdue.
+func (s *Scheduler) aheadOf(nowMs int64) int {
+	if s.aheadMs == 0 {
+		return 0
+	}
+	n := 0
+	for _, keys := range s.unanswered {
+		// The keys dispatched ahead come last, in due order.
+		for i := len(keys) - 1; i >= 0 && keys[i].Due() > nowMs; i-- {
+			n++
+		}
+	}
+	return n
 }
 
 // canDispatch reports whether the in-flight limits allow another batch. A
@@ -100,44 +138,94 @@ func (s *Scheduler) refill(now time.Time) {
 
 // publishLoop is the release pipeline's first stage, one goroutine: it
 // takes dispatched batches in dispatch order, as read from the store by
-// fetchLoop, drops what is gone or stale and hands the rest to the
-// Releaser. It does not wait for confirms (confirmLoop does), so batches
-// go out one after another, in order, with one hand-off between the loop
-// and the wire.
+// fetchLoop, and hands them to the Releaser, each message once its due
+// millisecond has come (a batch read ahead goes out in parts, as its keys
+// fall due), leaving out what is gone (cancelled) or stale. It does not
+// wait for confirms (confirmLoop does), so batches go out one after
+// another, in order, with one hand-off between the loop and the wire.
 func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits chan<- published) {
 	defer close(waits)
 	publish := s.publishFunc()
 	fetched := make(chan *fetch, fetchAhead)
 	s.wg.Go(func() { s.fetchLoop(jobs, fetched) })
+	timer := s.clock.NewTimer(maxSleep)
+	timer.Stop()
+	defer timer.Stop()
 	for f := range fetched {
 		<-f.done
 		keys := f.job.keys
 		res := releaseResult{seq: f.job.seq, n: len(keys)}
 		if f.err != nil {
 			res.err, res.retry = f.err, keys
-			s.results <- res
+			waits <- published{res: res, last: true}
 			continue
 		}
-		live := make([]*store.Message, 0, len(f.msgs))
+		msgs := make([]*store.Message, 0, len(f.msgs))
 		for i, m := range f.msgs {
-			switch {
-			case m == nil:
+			if m == nil {
 				res.gone = append(res.gone, keys[i])
-			case s.st.Stale(m):
-				res.del = append(res.del, keys[i])
-			default:
-				live = append(live, m)
+			} else {
+				msgs = append(msgs, m)
 			}
 		}
-		if len(live) == 0 {
-			s.results <- res
-			continue
+		sentLast := false
+		for len(msgs) > 0 {
+			if !s.awaitDue(ctx, timer, msgs[0].Key.Due()) {
+				for _, m := range msgs {
+					res.retry = append(res.retry, m.Key)
+				}
+				msgs = nil
+				break
+			}
+			nowMs := s.clock.Now().UnixMilli()
+			i := 1
+			for i < len(msgs) && msgs[i].Key.Due() <= nowMs {
+				i++
+			}
+			part := msgs[:i]
+			msgs = msgs[i:]
+			live := make([]*store.Message, 0, len(part))
+			for _, m := range part {
+				switch {
+				case s.withdrawn.take(m.Key):
+					res.gone = append(res.gone, m.Key)
+				case s.st.Stale(m):
+					res.del = append(res.del, m.Key)
+				default:
+					live = append(live, m)
+				}
+			}
+			if len(live) == 0 {
+				continue
+			}
+			wait := publish(ctx, live)
+			// A PipelinedReleaser has written the part by now; a plain
+			// Releaser has only been started. The part's outcome goes
+			// on at once; the batch's result with its last part.
+			sentLast = len(msgs) == 0
+			waits <- published{res: res, live: live, at: s.clock.Now(), wait: wait, last: sentLast}
+			res = releaseResult{seq: res.seq}
 		}
-		wait := publish(ctx, live)
-		// A PipelinedReleaser has written the batch by now; a plain
-		// Releaser has only been started.
-		waits <- published{res: res, live: live, at: s.clock.Now(), wait: wait}
+		if !sentLast {
+			waits <- published{res: res, last: true}
+		}
 	}
+}
+
+// awaitDue waits until the clock's wall time reaches the due millisecond,
+// and reports false if ctx ended first. The clock is read again after each
+// wake-up: a timer decides when to look, never what goes (invariant 3).
+func (s *Scheduler) awaitDue(ctx context.Context, timer Timer, due int64) bool {
+	at := time.UnixMilli(due)
+	for s.clock.Now().Before(at) {
+		timer.ResetAt(at)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C():
+		}
+	}
+	return true
 }
 
 // fetchAhead is how many dispatched batches are read from the store ahead
@@ -170,39 +258,60 @@ func (s *Scheduler) fetchLoop(jobs <-chan batchJob, fetched chan<- *fetch) {
 	}
 }
 
-// published is a batch handed to the Releaser, awaiting its confirms.
+// published is a part of a batch handed to the Releaser, awaiting its
+// confirms (none when live is empty), with what publishLoop found of the
+// batch since the previous part; last marks the batch's last part.
 type published struct {
 	res  releaseResult
 	live []*store.Message
 	at   time.Time // when Publish returned
 	wait func() (confirmed []bool)
+	last bool
 }
 
 // confirmLoop is the release pipeline's second stage, one goroutine: it
-// awaits the confirms of each published batch, in order, counts them and
-// reports the result to the loop.
+// awaits the confirms of each published part, in order, counts them and
+// reports each batch's result to the loop with its last part.
 func (s *Scheduler) confirmLoop(waits <-chan published) {
+	var res releaseResult // the batch's result so far
 	for p := range waits {
-		confirmed := p.wait()
-		res := p.res
-		released := 0
-		for i, m := range p.live {
-			if i < len(confirmed) && confirmed[i] {
-				res.del = append(res.del, m.Key)
-				res.releasedInc = append(res.releasedInc, m.Incarnation)
-				released++
-				if s.opts.Metrics != nil {
-					s.opts.Metrics.ReleaseLateness(p.at.Sub(time.UnixMilli(m.Key.Due())))
-				}
-			} else {
-				res.retry = append(res.retry, m.Key)
+		res.seq = p.res.seq
+		res.n += p.res.n
+		res.gone = append(res.gone, p.res.gone...)
+		res.del = append(res.del, p.res.del...)
+		res.retry = append(res.retry, p.res.retry...)
+		if p.res.err != nil {
+			res.err = p.res.err
+		}
+		if p.wait != nil {
+			s.confirmed(&res, p)
+		}
+		if p.last {
+			s.results <- res
+			res = releaseResult{}
+		}
+	}
+}
+
+// confirmed awaits a published part's confirms and adds them to res.
+func (s *Scheduler) confirmed(res *releaseResult, p published) {
+	confirmed := p.wait()
+	released := 0
+	for i, m := range p.live {
+		if i < len(confirmed) && confirmed[i] {
+			res.del = append(res.del, m.Key)
+			res.releasedInc = append(res.releasedInc, m.Incarnation)
+			released++
+			if s.opts.Metrics != nil {
+				s.opts.Metrics.ReleaseLateness(p.at.Sub(time.UnixMilli(m.Key.Due())))
 			}
+		} else {
+			res.retry = append(res.retry, m.Key)
 		}
-		res.acked = released
-		if released > 0 && s.opts.Metrics != nil {
-			s.opts.Metrics.Released(released)
-		}
-		s.results <- res
+	}
+	res.acked += released
+	if released > 0 && s.opts.Metrics != nil {
+		s.opts.Metrics.Released(released)
 	}
 }
 
@@ -233,6 +342,8 @@ func (s *Scheduler) finish(res releaseResult) {
 	s.calls--
 	s.prog.released += int64(res.acked)
 	delete(s.unanswered, res.seq)
+	s.withdrawn.forget(res.del)
+	s.withdrawn.forget(res.retry)
 	s.answeredForExchangeDeletes(res)
 	for _, k := range res.gone {
 		delete(s.outstanding, k)
