@@ -13,8 +13,10 @@ import (
 // loader has started to scan, are ignored: that end is published
 // (atomically) before the scan begins, and Added is called after Put
 // returned, so such a message is seen by that scan or a later one. The loop
-// takes an inbox key into the wheel only if it is below the cursor;
-// otherwise a later scan reads it from disk. A key may arrive both ways
+// takes an inbox key into the wheel only if it is below the cursor, or
+// below the end of the scan under way (which may have read the store
+// before the key was stored); otherwise a later scan reads it from disk.
+// A key may arrive both ways
 // (stored before the scan began, announced after): the wheel ignores the
 // second Add, and keys out for release or awaiting their delete are
 // remembered (outstanding) and skipped. When the inbox is full, Added
@@ -112,7 +114,7 @@ func (s *Scheduler) inFlight(k store.Key) bool {
 }
 
 // drainInbox moves what Added and Cancelled queued into the wheel, and
-// moves the cursor back for a rescan that is due.
+// asks the loader for a rescan that is due.
 func (s *Scheduler) drainInbox(now time.Time) {
 	s.mu.Lock()
 	adds, cancels := s.adds, s.cancels
@@ -127,15 +129,11 @@ func (s *Scheduler) drainInbox(now time.Time) {
 		rescan, s.rescanAt = true, now.Add(s.opts.Rescan)
 	}
 	if rescan {
-		if first, ok := s.st.NextDue(); ok {
-			if k := store.MakeKey(first, 255, 0); store.CompareKeys(k, s.cursor) < 0 {
-				s.cursor = k // keys already held are no-ops
-			}
-		}
+		s.rescanWanted = true // the loader reads NextDue (load)
 	}
 
 	for _, k := range adds {
-		if store.CompareKeys(k, s.cursor) >= 0 {
+		if store.CompareKeys(k, s.cursor) >= 0 && (!s.scanning || k.Due() >= s.scanUntil) {
 			continue // the loader has not passed it: it reads it from disk
 		}
 		s.addKey(k)

@@ -10,8 +10,9 @@ import (
 // has been scanned into the wheel (or released since); keys at or above it
 // are on disk, and may be in the wheel too (Add of a key held is a no-op).
 // When less than half the horizon is loaded, the loader calls ScanKeys from
-// the cursor to now+Horizon, at most loadChunk keys per loop turn and at
-// most MaxLoaded keys in the wheel. When a key below the cursor must go into
+// the cursor to now+Horizon, at most loadChunk keys per call and at most
+// MaxLoaded keys in the wheel, one call at a time in a goroutine of its own
+// while the loop goes on releasing. When a key below the cursor must go into
 // a full wheel, the wheel's latest key is evicted and the cursor moves back
 // to it, so the wheel always holds the earliest keys.
 //
@@ -70,12 +71,27 @@ func (s *Scheduler) loadRange(now time.Time) (from, until int64, limit int, wake
 	return from, until, limit, now, true
 }
 
-// load scans the store from the cursor up to now+Horizon into the wheel, at
-// most loadChunk keys at a time. It reports whether more is ready to load.
-func (s *Scheduler) load(now time.Time) bool {
+// load starts a scan of the store from the cursor up to now+Horizon, at
+// most loadChunk keys, in a goroutine of its own (scanKeys), unless one is
+// under way: a scan is a round trip to a database in cluster mode, and the
+// loop goes on releasing meanwhile. A rescan that is wanted (rescanWanted)
+// goes first: it reads the store's NextDue the same way. The loop applies
+// the answer (applyScan, applyRescan).
+func (s *Scheduler) load(now time.Time) {
+	if s.scanning {
+		return
+	}
+	if s.rescanWanted {
+		s.rescanWanted, s.scanning = false, true
+		s.wg.Go(func() {
+			first, ok := s.st.NextDue()
+			s.scanned <- scanResult{rescan: true, first: first, ok: ok}
+		})
+		return
+	}
 	from, until, limit, _, ok := s.loadRange(now)
 	if !ok {
-		return false
+		return
 	}
 	if !s.jumped {
 		// Skip the empty past: start at the first stored key. A key
@@ -89,38 +105,90 @@ func (s *Scheduler) load(now time.Time) bool {
 			// on, is left by Added to a scan.
 			s.cursor = store.MakeKey(min(first, bound), 255, 0)
 			if from, until, limit, _, ok = s.loadRange(now); !ok {
-				return false
+				return
 			}
 		}
 	}
 	// Before the scan: a key Added from now on below until is queued, and
-	// a key Added before this was stored before the scan began.
+	// a key Added before this was stored before the scan began. Until the
+	// answer is applied, drainInbox takes the queued ones into the wheel
+	// even at or above the cursor (the scan may have passed them).
 	s.raiseAddBound(until)
-	n := 0
-	var next store.Key
-	stopped := false
-	err := s.st.ScanKeys(from, until, func(k store.Key) error {
-		if store.CompareKeys(k, s.cursor) < 0 {
+	s.scanning, s.scanUntil = true, until
+	start := s.cursor
+	if !s.loadedOnce {
+		// The first load, before any release: the loop waits for it, so
+		// that the first releases and the first measure of the backlog
+		// see what it read.
+		s.loadedOnce = true
+		s.applyScan(now, s.scanKeys(start, from, until, limit))
+		return
+	}
+	s.wg.Go(func() { s.scanned <- s.scanKeys(start, from, until, limit) })
+}
+
+// scanResult is a scan's answer (or a rescan's NextDue) for the loop.
+type scanResult struct {
+	start   store.Key // the cursor when the scan began
+	until   int64
+	keys    []store.Key // the keys at or above start, in key order
+	next    store.Key   // when stopped: the first key not taken
+	stopped bool        // limit keys were taken before until
+	err     error
+
+	rescan bool  // a rescan's NextDue
+	first  int64 // its answer
+	ok     bool
+}
+
+// scanKeys reads keys from start due before until, at most limit of them.
+// It runs in its own goroutine and touches no loop state.
+func (s *Scheduler) scanKeys(start store.Key, from, until int64, limit int) scanResult {
+	res := scanResult{start: start, until: until}
+	res.err = s.st.ScanKeys(from, until, func(k store.Key) error {
+		if store.CompareKeys(k, start) < 0 {
 			return nil // loaded before, in a millisecond split across chunks
 		}
-		if n == limit {
-			next, stopped = k, true
+		if len(res.keys) == limit {
+			res.next, res.stopped = k, true
 			return store.ErrStop
 		}
-		n++
-		s.addKey(k)
+		res.keys = append(res.keys, k)
 		return nil
 	})
-	if err != nil {
-		s.storeError("load", err)
-		return false
+	return res
+}
+
+// applyScan takes a scan's answer into the wheel in the loop, and moves the
+// cursor past what it read, unless the cursor moved back meanwhile (a
+// rescan, a key Added to a full inbox, an eviction): then the range is read
+// again from there, and keys already held are no-ops.
+func (s *Scheduler) applyScan(now time.Time, res scanResult) {
+	s.scanning = false
+	if res.rescan {
+		if res.ok {
+			if k := store.MakeKey(res.first, 255, 0); store.CompareKeys(k, s.cursor) < 0 {
+				s.cursor = k // keys already held are no-ops
+			}
+		}
+		return
 	}
-	if stopped {
-		s.cursor, s.windowEnd = next, until
-		return true
+	if res.err != nil {
+		s.storeError("load", res.err)
+		return
 	}
-	s.cursor = store.MakeKey(until, 255, 0) // the first key due at until
-	if until < now.UnixMilli()+s.hzMs {
+	for _, k := range res.keys {
+		s.addKey(k)
+	}
+	if s.cursor != res.start {
+		return
+	}
+	if res.stopped {
+		s.cursor, s.windowEnd = res.next, res.until
+		return
+	}
+	s.cursor = store.MakeKey(res.until, 255, 0) // the first key due at until
+	if res.until < now.UnixMilli()+s.hzMs {
 		// Behind (a backlog): scan further next time. Small windows
 		// first make the store sort only the first stretch of a long
 		// backlog before the first release.
@@ -128,7 +196,6 @@ func (s *Scheduler) load(now time.Time) bool {
 	} else {
 		s.window = s.hzMs
 	}
-	return false
 }
 
 // raiseAddBound raises addBound to b. A higher bound only makes Added queue

@@ -5,9 +5,11 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/delayproxy/delayproxy/internal/testwait"
 	"github.com/delayproxy/delayproxy/store"
 	"github.com/delayproxy/delayproxy/store/boltstore"
 )
@@ -186,4 +188,69 @@ func TestMaxLoadedBoundsMemory(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("released %v\nwant %v", got, want)
 	}
+}
+
+// heldScans is a store whose scans, after the first, read the store and
+// then wait for release before they answer: a slow database.
+type heldScans struct {
+	Store
+	scans   atomic.Int32
+	started chan struct{} // a value as each held scan has read the store
+	release chan struct{} // closed to let the held scans answer
+}
+
+func (h *heldScans) ScanKeys(from, until int64, fn func(store.Key) error) error {
+	if h.scans.Add(1) == 1 {
+		return h.Store.ScanKeys(from, until, fn)
+	}
+	var keys []store.Key
+	err := h.Store.ScanKeys(from, until, func(k store.Key) error {
+		keys = append(keys, k)
+		return nil
+	})
+	h.started <- struct{}{}
+	<-h.release
+	for _, k := range keys {
+		if err := fn(k); err != nil {
+			return nil // store.ErrStop
+		}
+	}
+	return err
+}
+
+// While a scan is under way, the loop goes on releasing what is due, and a
+// message Added meanwhile in the scanned range (stored after the scan read
+// the store) still goes into the wheel and is released on time.
+func TestReleasesGoOnWhileAScanIsUnderWay(t *testing.T) {
+	h := newHarness(t, Options{Horizon: time.Second})
+	held := &heldScans{Store: h.st, started: make(chan struct{}, 1), release: make(chan struct{})}
+	h.backend = held
+	h.put("a@100", 100, 0)
+	h.put("b@700", 700, 0)
+	h.put("far@1500", 1500, 0)
+	h.start()
+	h.settle() // the first load, in the loop: [+100, +1000)
+	if n := held.scans.Load(); n != 1 {
+		t.Fatalf("%d scans at the start, want 1", n)
+	}
+
+	h.clk.Set(base.Add(600 * time.Millisecond)) // less than half the horizon loaded: a scan
+	select {
+	case <-held.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no second scan")
+	}
+	h.put("late@1200", 1200, 0) // after the scan read the store
+	h.clk.Set(base.Add(700 * time.Millisecond))
+	testwait.Until(t, 10*time.Second, "b@700 to be released while the scan is held", func() bool {
+		return len(h.rel.released()) == 2
+	})
+	h.wantReleased("a@100", "b@700")
+
+	close(held.release)
+	h.settle()
+	h.advance(500 * time.Millisecond) // +1200
+	h.wantReleased("a@100", "b@700", "late@1200")
+	h.advance(300 * time.Millisecond) // +1500
+	h.wantReleased("a@100", "b@700", "late@1200", "far@1500")
 }

@@ -57,16 +57,16 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		}
 		now := s.clock.Now()
 		s.drainInbox(now)
-		more := s.load(now)
+		s.load(now)
 		s.dispatch(now)
 		s.startDelete(ctx)
 		s.sampleProgress(now)
-		wait := s.nextWake(now, more)
+		wait := s.nextWake(now)
 		// wait counts from now, read before this turn's work: the timer
 		// is armed for that instant, or a slow turn (or a fake clock moved
 		// meanwhile) would make the wake-up late by that much.
 		timer.ResetAt(now.Add(wait))
-		if wait > 0 && s.idle != nil && s.inflight == s.aheadOf(now.UnixMilli()) && !s.deleting {
+		if wait > 0 && s.idle != nil && s.inflight == s.aheadOf(now.UnixMilli()) && !s.deleting && !s.scanning {
 			s.idle(now.UnixMilli())
 		}
 		select {
@@ -77,6 +77,8 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			s.finish(res)
 		case res := <-s.deleted:
 			s.finishDelete(res)
+		case res := <-s.scanned:
+			s.applyScan(s.clock.Now(), res)
 		case req := <-s.exchangeDeletes:
 			s.exchangeDels = append(s.exchangeDels, req)
 		}
@@ -111,18 +113,17 @@ func (s *Scheduler) kick() {
 // nextWake is how long the loop may sleep: until the next due key it could
 // release, the next load, the end of a backoff or rate-limit wait, and never
 // longer than maxSleep, so a wall-clock jump forward is noticed.
-func (s *Scheduler) nextWake(now time.Time, loadMore bool) time.Duration {
-	if loadMore {
-		return 0
-	}
+func (s *Scheduler) nextWake(now time.Time) time.Duration {
 	at := now.Add(maxSleep)
 	earlier := func(t time.Time) {
 		if t.Before(at) {
 			at = t
 		}
 	}
-	if _, _, _, wake, _ := s.loadRange(now); !wake.IsZero() {
-		earlier(wake)
+	if !s.scanning { // else its answer wakes the loop
+		if _, _, _, wake, _ := s.loadRange(now); !wake.IsZero() {
+			earlier(wake)
+		}
 	}
 	if len(s.toDelete) > 0 && !s.deleting {
 		earlier(s.deleteAt())

@@ -170,13 +170,18 @@ type Scheduler struct {
 	// Everything below is owned by the loop goroutine.
 
 	// The wheel and its loader (load.go).
-	w         *Wheel
-	cursor    store.Key // keys >= cursor are on disk only
-	window    int64     // ms a new scan window may cover beyond the cursor
-	windowEnd int64     // end of the current scan window, continued in chunks
-	rescanAt  time.Time // the next periodic rescan (Options.Rescan)
-	jumped    bool      // the cursor has skipped to the first stored key
-	loadAfter time.Time // no load before this (after a store error)
+	w            *Wheel
+	cursor       store.Key // keys >= cursor are on disk only
+	window       int64     // ms a new scan window may cover beyond the cursor
+	windowEnd    int64     // end of the current scan window, continued in chunks
+	rescanAt     time.Time // the next periodic rescan (Options.Rescan)
+	jumped       bool      // the cursor has skipped to the first stored key
+	loadAfter    time.Time // no load before this (after a store error)
+	loadedOnce   bool      // the first scan is done (the loop waited for it)
+	scanning     bool      // a scan (or a rescan's NextDue) is under way
+	scanUntil    int64     // the end of the scan under way
+	scanned      chan scanResult
+	rescanWanted bool // a rescan is due: the loader reads NextDue first
 
 	// The release pipeline (release.go).
 	outstanding map[store.Key]struct{} // out of the wheel, not yet answered or deleted
@@ -252,6 +257,7 @@ func New(st Store, r Releaser, opts Options) *Scheduler {
 		notify:      make(chan struct{}, 1),
 		results:     make(chan releaseResult, opts.MaxInFlight),
 		deleted:     make(chan deleteResult, 1),
+		scanned:     make(chan scanResult, 1),
 		outstanding: make(map[store.Key]struct{}),
 		unanswered:  make(map[uint64][]store.Key),
 		aheadMs:     opts.ReadAhead.Milliseconds(),
