@@ -21,10 +21,11 @@ type openedStore struct {
 	where   string // the file, or the database URL without its password
 }
 
-// announcer is what hears of messages other nodes stored;
+// announcer is what hears of messages other nodes stored or cancelled;
 // *scheduler.Scheduler is one.
 type announcer interface {
 	Announced(keys ...store.Key)
+	Cancelled(keys ...store.Key)
 	Rescan()
 }
 
@@ -38,6 +39,12 @@ func (l *lateAnnouncer) set(a announcer) { l.to.Store(&a) }
 func (l *lateAnnouncer) announced(keys []store.Key) {
 	if a := l.to.Load(); a != nil {
 		(*a).Announced(keys...)
+	}
+}
+
+func (l *lateAnnouncer) cancelled(keys []store.Key) {
+	if a := l.to.Load(); a != nil {
+		(*a).Cancelled(keys...)
 	}
 }
 
@@ -72,6 +79,7 @@ func (p *Proxy) openStore(ctx context.Context, m *metrics.Metrics, ann *lateAnno
 		Schema:   p.cfg.StoreSchema,
 		Metrics:  m,
 		OnNotify: ann.announced,
+		OnCancel: ann.cancelled,
 		OnMissed: ann.missed,
 		Logger:   p.log.With("room", "store"),
 	})

@@ -46,9 +46,9 @@ func (h *heard) has(k store.Key) (time.Time, bool) {
 func TestTwoNodes(t *testing.T) {
 	ctx := context.Background()
 	schema := teststore.PGSchema(t)
-	var hb heard
+	var hb, hbCancel heard
 	a := teststore.OpenPG(t, schema, pgstore.Options{})
-	b := teststore.OpenPG(t, schema, pgstore.Options{OnNotify: hb.notify, NotifyWithin: time.Minute})
+	b := teststore.OpenPG(t, schema, pgstore.Options{OnNotify: hb.notify, OnCancel: hbCancel.notify, NotifyWithin: time.Minute})
 	now := time.Now().UnixMilli()
 
 	x := storetest.Exchange(t, a, "/", "x")
@@ -71,12 +71,25 @@ func TestTwoNodes(t *testing.T) {
 		t.Fatalf("b counts %d for x, %d pending; want 2, 2", n, p)
 	}
 
-	// A cancel on a keeps b from reading (and so releasing) the message.
+	// A cancel on a keeps b from reading (and so releasing) the message,
+	// and b hears of it (it may have read the message ahead); not of the
+	// one due beyond NotifyWithin.
+	// (Notifications come in commit order: the later one's would come
+	// first.)
+	later.MessageID = "id-later"
+	storetest.Put(t, a, later)
+	if _, err := a.Cancel(ctx, "/", "x", "id-later"); err != nil {
+		t.Fatal(err)
+	}
 	if keys, err := a.Cancel(ctx, "/", "x", "id-soon"); err != nil || !slices.Equal(keys, []store.Key{soon.Key}) {
 		t.Fatalf("Cancel on a = %x, %v", keys, err)
 	}
 	if got := storetest.Bodies(t, b, []store.Key{soon.Key}); got[0] != "<nil>" {
 		t.Fatalf("b still reads the message a cancelled: %q", got)
+	}
+	testwait.Until(t, 10*time.Second, "b hears of the cancel", func() bool { _, ok := hbCancel.has(soon.Key); return ok })
+	if _, ok := hbCancel.has(later.Key); ok {
+		t.Error("b heard of a cancel of a message due beyond NotifyWithin")
 	}
 
 	// CancelExchange on a makes later stale on b.

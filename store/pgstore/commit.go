@@ -34,6 +34,7 @@ type commit struct {
 	counts           map[uint64]int64 // stored messages per incarnation, the change
 	tally            map[int64]int64  // stored messages per due minute, the change
 	notify           []store.Key      // keys due soon, announced at commit
+	cancelled        []store.Key      // keys due soon cancelled, announced at commit
 }
 
 func newCommit(s *Store, reqs []*request, shard int16) *commit {
@@ -96,6 +97,7 @@ func (c *commit) runTx(ctx context.Context) error {
 	for _, r := range c.reqs {
 		r.cancelled = nil
 	}
+	c.cancelled = nil
 	if err := c.cancels(ctx, tx); err != nil {
 		return err
 	}
@@ -155,6 +157,9 @@ func (c *commit) cancels(ctx context.Context, tx pgx.Tx) error {
 			c.removed(k, inc)
 			if live {
 				r.cancelled = append(r.cancelled, k)
+				if c.s.opts.NotifyWithin >= 0 && k.Due() < c.s.opts.Now().Add(c.s.opts.NotifyWithin).UnixMilli() {
+					c.cancelled = append(c.cancelled, k)
+				}
 			}
 			return nil
 		})
@@ -277,7 +282,8 @@ func (c *commit) queuePuts(b *pgx.Batch, reqs []*request) {
 
 // queueCounts queues on b the changes of the counts and the tally (this
 // node's shard rows, in key order so that concurrent commits lock them in
-// the same order) and the notification of the keys due soon.
+// the same order) and the notifications of the keys due soon, stored and
+// cancelled.
 func (c *commit) queueCounts(b *pgx.Batch) {
 	s := c.s
 	if incs, ns := sortedDeltas(c.counts); len(incs) > 0 {
@@ -295,6 +301,9 @@ func (c *commit) queueCounts(b *pgx.Batch) {
 	}
 	if len(c.notify) > 0 {
 		b.Queue(`SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, s.channel(keysChannel), notifyPayloads(s.node, c.notify))
+	}
+	if len(c.cancelled) > 0 {
+		b.Queue(`SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, s.channel(cancelChannel), notifyPayloads(s.node, c.cancelled))
 	}
 }
 

@@ -14,8 +14,9 @@ import (
 
 // The notification channels, each prefixed with the schema's name.
 const (
-	keysChannel     = "_keys"     // payload: node id, then the hex keys of messages due soon
-	registryChannel = "_registry" // payload: node id; the registry changed
+	keysChannel     = "_keys"      // payload: node id, then the hex keys of messages due soon
+	cancelChannel   = "_cancelled" // payload: as keysChannel, of messages due soon cancelled
+	registryChannel = "_registry"  // payload: node id; the registry changed
 )
 
 // relistenDelay is the pause before the listener connects again after
@@ -25,14 +26,14 @@ const relistenDelay = time.Second
 // channel is the full name of a notification channel.
 func (s *Store) channel(c string) string { return s.schema + c }
 
-// dialListener opens the listener's own connection and listens on both
+// dialListener opens the listener's own connection and listens on the
 // channels.
 func (s *Store) dialListener(ctx context.Context) (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(ctx, s.connCfg)
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range []string{keysChannel, registryChannel} {
+	for _, c := range []string{keysChannel, cancelChannel, registryChannel} {
 		if _, err := conn.Exec(ctx, "LISTEN "+s.channel(c)); err != nil {
 			_ = conn.Close(context.Background())
 			return nil, err
@@ -42,7 +43,7 @@ func (s *Store) dialListener(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // listen delivers notifications until Close: registry changes reload the
-// cache, keys go to Options.OnNotify. Every ReloadInterval, and after a
+// cache, keys go to Options.OnNotify, cancelled keys to Options.OnCancel. Every ReloadInterval, and after a
 // lost connection, it reloads the registry whatever it heard: the
 // backstop of a notification missed. conn is the first connection, from
 // Open.
@@ -102,6 +103,10 @@ func (s *Store) notified(ctx context.Context, channel, payload string) {
 	case s.channel(keysChannel):
 		if s.opts.OnNotify != nil && len(keys) > 0 {
 			s.opts.OnNotify(keys)
+		}
+	case s.channel(cancelChannel):
+		if s.opts.OnCancel != nil && len(keys) > 0 {
+			s.opts.OnCancel(keys)
 		}
 	}
 }

@@ -45,6 +45,11 @@ type Options struct {
 	// listener goroutine and must return quickly; it must not call the
 	// Store's write methods.
 	OnNotify func(keys []store.Key)
+	// OnCancel, when set, is called with the keys of messages due before
+	// now+NotifyWithin that other nodes cancelled (by message-id or key),
+	// at their commit, so that the releasing node leaves out a message it
+	// has read ahead. Same rules as OnNotify.
+	OnCancel func(keys []store.Key)
 	// OnMissed, when set, is called when announcements may have been
 	// missed: the listener lost its connection and listens again. The
 	// scheduler then reads its loaded horizon again. Same rules as
