@@ -66,12 +66,21 @@ var errSlowPath = errors.New("not for the fast path")
 func (c *commit) fastPuts(ctx context.Context) error {
 	var vhosts, names []string
 	var incs []int64
+	type liveKey struct {
+		vhost, name string
+		inc         uint64
+	}
+	seen := map[liveKey]bool{}
 	for _, r := range c.reqs {
 		if r.kind != opPut {
 			return errSlowPath
 		}
 		for _, m := range r.msgs {
-			vhosts, names, incs = append(vhosts, m.VHost), append(names, m.Exchange), append(incs, int64(m.Incarnation))
+			// Each exchange incarnation once: a batch is mostly one.
+			if k := (liveKey{m.VHost, m.Exchange, m.Incarnation}); !seen[k] {
+				seen[k] = true
+				vhosts, names, incs = append(vhosts, m.VHost), append(names, m.Exchange), append(incs, int64(m.Incarnation))
+			}
 		}
 	}
 	b := &pgx.Batch{}
