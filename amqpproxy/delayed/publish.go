@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/delayproxy/delayproxy/amqpproxy"
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
@@ -187,17 +188,24 @@ func (h *connHooks) checkPublish(def *store.ExchangeDef, routingKey string) erro
 	return h.c.CheckPublish(h.i.ctx, def.Name, routingKey)
 }
 
+// putsInFlight is how many Puts of one connection's publishes may be in
+// flight at once: while one commits, the next takes what queued meanwhile
+// and commits beside it, so that a connection's rate is not bounded by one
+// commit round trip at a time.
+const putsInFlight = 2
+
 // storer stores the connection's delayed publishes in the order they came,
-// batching whatever queued up during the previous commit (up to the whole
-// queue), and answers them.
+// each Put taking whatever queued up while the Puts in flight committed
+// (up to the whole queue), and answers them. Confirms may then go out of
+// order between two Puts, as RabbitMQ's own may between queues.
 func (h *connHooks) storer() {
 	defer h.i.wg.Done()
-	// Grown as batches come: a connection that never publishes a delayed
-	// message holds no more than its queue.
-	var batch []*job
-	var msgs []*store.Message
+	var puts sync.WaitGroup
+	defer puts.Wait()
+	slots := make(chan struct{}, putsInFlight)
 	for j := range h.queue {
-		batch = append(batch[:0], j)
+		slots <- struct{}{} // what queues while waiting goes into this Put
+		batch := []*job{j}
 	more:
 		for len(batch) < cap(h.queue) {
 			select {
@@ -210,30 +218,36 @@ func (h *connHooks) storer() {
 				break more
 			}
 		}
-		msgs = msgs[:0]
+		puts.Go(func() {
+			defer func() { <-slots }()
+			h.store(batch)
+		})
+	}
+}
+
+// store stores one batch of publishes and answers them: an ack once
+// durable, else a nack (or the channel closed, without confirms).
+func (h *connHooks) store(batch []*job) {
+	msgs := make([]*store.Message, len(batch))
+	for i, j := range batch {
+		msgs[i] = j.msg
+	}
+	if err := h.i.cfg.Store.Put(h.i.ctx, msgs...); err != nil {
+		h.i.cfg.Logger.Error("cannot store delayed messages", "vhost", h.c.VHost, "n", len(msgs), "err", err)
 		for _, j := range batch {
-			msgs = append(msgs, j.msg)
-		}
-		err := h.i.cfg.Store.Put(h.i.ctx, msgs...)
-		if err != nil {
-			h.i.cfg.Logger.Error("cannot store delayed messages", "vhost", h.c.VHost, "n", len(msgs), "err", err)
-			for _, j := range batch {
-				h.i.cfg.Metrics.Refused(metrics.RefusedStoreError)
-				if j.pub.Channel.ConfirmMode() {
-					j.pub.Nack()
-				} else {
-					j.pub.CloseChannel(wire.ResourceError, "cannot store delayed message: "+err.Error())
-				}
+			h.i.cfg.Metrics.Refused(metrics.RefusedStoreError)
+			if j.pub.Channel.ConfirmMode() {
+				j.pub.Nack()
+			} else {
+				j.pub.CloseChannel(wire.ResourceError, "cannot store delayed message: "+err.Error())
 			}
-			continue
 		}
-		h.i.cfg.Scheduler.Added(msgs...)
-		h.i.cfg.Metrics.Stored(len(msgs))
-		for _, j := range batch {
-			j.pub.Ack()
-		}
-		clear(batch) // no message (nor its body) stays reachable until the next batch
-		clear(msgs)
+		return
+	}
+	h.i.cfg.Scheduler.Added(msgs...)
+	h.i.cfg.Metrics.Stored(len(msgs))
+	for _, j := range batch {
+		j.pub.Ack()
 	}
 }
 

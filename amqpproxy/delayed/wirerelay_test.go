@@ -42,15 +42,32 @@ type wireRelay struct {
 	b    testbroker.Broker
 }
 
+// storeWrapper stands between the interceptor and the relay's store; its
+// Put is the test's (Put calls the store's).
+type storeWrapper struct {
+	delayed.Store
+	put func(ctx context.Context, st delayed.Store, msgs ...*store.Message) error
+}
+
+func (w *storeWrapper) Put(ctx context.Context, msgs ...*store.Message) error {
+	return w.put(ctx, w.Store, msgs...)
+}
+
 // startWireRelay starts a relay in front of b with the given settings (the
-// store, scheduler, logger and upstream are filled in). When the test ends
+// store, scheduler, logger and upstream are filled in; a *storeWrapper as
+// dcfg.Store wraps the store). When the test ends
 // the server is closed (Serve must return ErrServerClosed), then the
 // interceptor, then the store is checked.
 func startWireRelay(t *testing.T, b testbroker.Broker, dcfg delayed.Config, pcfg amqpproxy.Config) *wireRelay {
 	t.Helper()
 	st := teststore.Open(t, "", boltstore.Options{})
 	log := testlog.New()
-	dcfg.Store, dcfg.Scheduler, dcfg.Logger = st, nopScheduler{st}, log
+	dcfg.Scheduler, dcfg.Logger = nopScheduler{st}, log
+	if dcfg.Store == nil {
+		dcfg.Store = st
+	} else if w, ok := dcfg.Store.(*storeWrapper); ok {
+		w.Store = st // the test's wrapper around this store
+	}
 	icpt := delayed.New(dcfg)
 	t.Cleanup(icpt.Close)
 	pcfg.Upstream, pcfg.Interceptor, pcfg.Logger = b.URL, icpt, log
