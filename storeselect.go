@@ -35,8 +35,12 @@ type lateAnnouncer struct{ to atomic.Pointer[announcer] }
 
 func (l *lateAnnouncer) set(a announcer) { l.to.Store(&a) }
 
-func (l *lateAnnouncer) announced(keys []store.Key) {
+func (l *lateAnnouncer) announced(anns []pgstore.Announced) {
 	if a := l.to.Load(); a != nil {
+		keys := make([]store.Key, len(anns))
+		for i, an := range anns {
+			keys[i] = an.Key
+		}
 		(*a).Announced(keys...)
 	}
 }

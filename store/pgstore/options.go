@@ -41,10 +41,11 @@ type Options struct {
 	// node. Default 1m; negative: never.
 	NotifyWithin time.Duration
 	// OnNotify, when set, is called with the keys other nodes (and this
-	// one) announced: messages due soon, committed. It runs on the
+	// one) announced, each with its partition: messages due soon,
+	// committed. It runs on the
 	// listener goroutine and must return quickly; it must not call the
 	// Store's write methods.
-	OnNotify func(keys []store.Key)
+	OnNotify func(keys []Announced)
 	// OnMissed, when set, is called when announcements may have been
 	// missed: the listener lost its connection and listens again. The
 	// scheduler then reads its loaded horizon again. Same rules as
