@@ -1,9 +1,9 @@
 // Package pgstore is the store contract (package store) on a PostgreSQL
 // database that several delayproxy nodes share: cluster mode. Every node
 // takes delayed publishes into it; the node that holds the releaser role
-// (a lease, elsewhere) loads, releases and deletes them. Open, Options,
-// Stats, Check and CheckSchema are its own; everything else is
-// store.Store.
+// of a message's partition (a lease, elsewhere) loads, releases and
+// deletes it. Open, Options, Stats, Check, CheckSchema, View and the
+// partitions are its own; everything else is store.Store.
 //
 // # Tables
 //
