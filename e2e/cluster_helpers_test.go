@@ -13,6 +13,7 @@ import (
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testwait"
+	"github.com/delayproxy/delayproxy/store/pgstore"
 )
 
 // clusterNode is one proxy process of a cluster on a shared PostgreSQL
@@ -74,34 +75,87 @@ func (c *cluster) url() string {
 	return c.nodes[0].tp.URL()
 }
 
-// roles reads delayproxy_releaser_role of every node that is up: the
-// indexes of those that hold it.
+// roles reads delayproxy_releaser_role of every node: the number of
+// partitions each holds, 0 for a node that is down.
 func (c *cluster) roles() []int {
-	var holders []int
+	out := make([]int, len(c.nodes))
 	for i, n := range c.nodes {
-		if !n.down.Load() && n.tp.metric(c.t, "delayproxy_releaser_role") == 1 {
-			holders = append(holders, i)
+		if !n.down.Load() {
+			out[i] = int(n.tp.metric(c.t, "delayproxy_releaser_role"))
 		}
 	}
-	return holders
+	return out
 }
 
-// awaitHolder waits until exactly one node that is up holds the role, other
-// than not (-1: any), and returns it with when it was seen.
-func (c *cluster) awaitHolder(not int, within time.Duration) (int, time.Time) {
+// awaitSpread waits until the nodes that are up hold every partition
+// between them, each some and at most its share (ceil(partitions / nodes
+// up)), and returns what each holds.
+func (c *cluster) awaitSpread(within time.Duration) []int {
+	c.t.Helper()
+	var rs []int
+	testwait.Until(c.t, within, "every node to hold its share of the releaser roles, all of them between them", func() bool {
+		rs = c.roles()
+		up := 0
+		for _, n := range c.nodes {
+			if !n.down.Load() {
+				up++
+			}
+		}
+		share := (pgstore.Partitions + up - 1) / up
+		sum := 0
+		for i, n := range rs {
+			if !c.nodes[i].down.Load() && (n == 0 || n > share) {
+				return false
+			}
+			sum += n
+		}
+		return sum == pgstore.Partitions
+	})
+	return rs
+}
+
+// awaitCovered waits until the nodes that are up hold every partition
+// between them, and returns when it saw it.
+func (c *cluster) awaitCovered(within time.Duration) time.Time {
+	c.t.Helper()
+	testwait.Until(c.t, within, "the nodes up to hold every partition", func() bool {
+		sum := 0
+		for _, n := range c.roles() {
+			sum += n
+		}
+		return sum == pgstore.Partitions
+	})
+	return time.Now()
+}
+
+// released reads delayproxy_messages_released_total of every node that is
+// up.
+func (c *cluster) released() []float64 {
+	out := make([]float64, len(c.nodes))
+	for i, n := range c.nodes {
+		if !n.down.Load() {
+			out[i] = n.tp.metric(c.t, "delayproxy_messages_released_total")
+		}
+	}
+	return out
+}
+
+// releasing waits until a node that is up, other than not (-1: any), has
+// released more than before, and returns it: with one delayed exchange,
+// the node holding its partition.
+func (c *cluster) releasing(before []float64, not int, within time.Duration) int {
 	c.t.Helper()
 	h := -1
-	testwait.Until(c.t, within, "one node to hold the releaser role", func() bool {
-		rs := c.roles()
-		if len(rs) > 1 {
-			c.t.Fatalf("nodes %v hold the releaser role at once", rs)
+	testwait.Until(c.t, within, "a node to release", func() bool {
+		for i, n := range c.released() {
+			if i != not && !c.nodes[i].down.Load() && n > before[i] {
+				h = i
+				return true
+			}
 		}
-		if len(rs) == 1 && rs[0] != not {
-			h = rs[0]
-		}
-		return h >= 0
+		return false
 	})
-	return h, time.Now()
+	return h
 }
 
 // awaitExchange waits until every node that is up knows the delayed
