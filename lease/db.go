@@ -51,7 +51,7 @@ func (l *Lease) exchange(ctx context.Context, sent time.Time, held []bool, expir
 	}
 	b.Queue(`SELECT role, expires_at < clock_timestamp(), expires_at < clock_timestamp() - $2 * interval '1 millisecond',
 			(SELECT count(*) FROM `+l.nodes+` WHERE expires_at > clock_timestamp())
-		FROM `+l.roles+` WHERE role = ANY($1)`, l.names, l.cfg.Renew.Milliseconds())
+		FROM `+l.roles+` WHERE role = ANY($1)`, l.names, coverAfter*l.cfg.Renew.Milliseconds())
 	br := l.pool.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
 	if _, err := br.Exec(); err != nil {

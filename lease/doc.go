@@ -19,8 +19,9 @@
 //
 // Each tick (Renew) a node counts the N live nodes; its share is
 // ceil(Partitions/N). It takes expired roles while it holds fewer than its
-// share, and any role that has stayed expired for longer than a renew
-// interval whatever its share (coverage first). A node above its share,
+// share, and any role that has stayed expired for longer than two renew
+// intervals whatever its share (coverage first: every node has had its
+// turn to read it by then). A node above its share,
 // when no role is expired, gives one role up per tick: it stops using it
 // at once (Held is false), and expires it in the database once the term
 // that used it is over, for a node below its share to take. A graceful
