@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -126,6 +127,28 @@ func (c *cluster) awaitCovered(within time.Duration) time.Time {
 		return sum == pgstore.Partitions
 	})
 	return time.Now()
+}
+
+// lastTaken is the time of the last role taken after after, by the logs
+// of the nodes that are up ("time=... msg=\"releaser role taken\""): when
+// they took it, not when a poll of their metrics saw it.
+func (c *cluster) lastTaken(after time.Time) time.Time {
+	var last time.Time
+	for _, n := range c.nodes {
+		if n.down.Load() {
+			continue
+		}
+		for line := range strings.Lines(n.proc.Log()) {
+			ts, rest, ok := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+			if !ok || !strings.Contains(rest, `msg="releaser role taken"`) {
+				continue
+			}
+			if at, err := time.Parse(time.RFC3339Nano, ts); err == nil && at.After(after) && at.After(last) {
+				last = at
+			}
+		}
+	}
+	return last
 }
 
 // released reads delayproxy_messages_released_total of every node that is

@@ -108,8 +108,8 @@ func TestCluster_ReleasingNodeFails(t *testing.T) {
 
 			seen := c.awaitCovered(10 * time.Second)
 			h2 := c.releasing(before, h, 10*time.Second)
-			t.Logf("%s of node %d with %d confirmed: the others hold every partition after %v (%v), node %d releases after %v",
-				tt.name, h, atFail, seen.Sub(failed), c.roles(), h2, time.Since(failed))
+			t.Logf("%s of node %d with %d confirmed: the others hold every partition after %v (%v; their logs: the last taken after %v), node %d releases after %v",
+				tt.name, h, atFail, seen.Sub(failed), c.roles(), c.lastTaken(failed).Sub(failed), h2, time.Since(failed))
 			if tt.recover != nil {
 				tt.recover(t, c, c.nodes[h], f)
 			}
