@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -93,15 +94,16 @@ func (l *Lease) firstDeadline() time.Time {
 	return first
 }
 
-// drop stops holding role p locally (Held is false from now on).
-func (r *runner) drop(p int, why string) {
+// drop stops holding role p locally (Held is false from now on); level is
+// the level of the log line.
+func (r *runner) drop(p int, level slog.Level, why string) {
 	l := r.l
 	l.mu.Lock()
 	epoch := l.epoch[p]
 	l.until[p] = time.Time{}
 	l.mu.Unlock()
 	r.changes++
-	l.log.Warn("releaser role lost", "partition", p, "epoch", epoch, "why", why)
+	l.log.Log(context.Background(), level, "releaser role lost", "partition", p, "epoch", epoch, "why", why)
 }
 
 // dropPassed drops the roles whose local deadline has passed.
@@ -113,7 +115,7 @@ func (r *runner) dropPassed(why string) {
 		passed := !l.until[p].IsZero() && !now.Before(l.until[p])
 		l.mu.Unlock()
 		if passed {
-			r.drop(p, why)
+			r.drop(p, slog.LevelWarn, why)
 		}
 	}
 }
@@ -203,13 +205,13 @@ func (r *runner) tick(ctx context.Context, sent time.Time) {
 		l.mu.Unlock()
 		switch e, ok := res.renewed[p]; {
 		case !ok:
-			r.drop(p, "renewal refused")
+			r.drop(p, slog.LevelWarn, "renewal refused")
 			held[p] = false
 		case e != epoch:
-			r.drop(p, "epoch changed")
+			r.drop(p, slog.LevelWarn, "epoch changed")
 			held[p] = false
 		case !now.Before(until):
-			r.drop(p, "renewal answered past the deadline")
+			r.drop(p, slog.LevelWarn, "renewal answered past the deadline")
 			held[p] = false
 		default:
 			r.keep(p, epoch, until)
@@ -239,7 +241,7 @@ func (r *runner) tick(ctx context.Context, sent time.Time) {
 	if giveUp >= 0 {
 		// Not used from now on; expired in the database once the term
 		// that used it is over.
-		r.drop(giveUp, "given up for another node: above its share")
+		r.drop(giveUp, slog.LevelInfo, "given up for another node: above its share")
 		r.leaving[giveUp] = true
 	}
 }
@@ -249,7 +251,7 @@ func (r *runner) tick(ctx context.Context, sent time.Time) {
 func (r *runner) stop() {
 	l := r.l
 	for _, p := range l.heldSet() {
-		r.drop(p, "stopping")
+		r.drop(p, slog.LevelInfo, "stopping")
 	}
 	if r.changes > 0 && l.cfg.Metrics != nil {
 		l.cfg.Metrics.RolesHeld(0, r.changes)
