@@ -3,11 +3,13 @@ package lease
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
 	"github.com/delayproxy/delayproxy/internal/testlog"
@@ -34,6 +36,17 @@ func open(t *testing.T, schema, holder string, change func(*Config)) *Lease {
 	}
 	t.Cleanup(l.Close)
 	return l
+}
+
+// connect connects to the test database, closed when the test ends.
+func connect(t *testing.T) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), teststore.PGURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
 }
 
 // takeOnce is one attempt to take roles parts.
@@ -260,5 +273,37 @@ func TestLocalDeadlineIsSendTimePlusTTLLessMargin(t *testing.T) {
 	}
 	if taken := takeOnce(t, open(t, schema, "b", nil), 0, 1, 2, 3, 4, 5, 6, 7); len(taken) > 0 {
 		t.Errorf("the database gave b roles %v: a's leases had not expired there", taken)
+	}
+}
+
+// A node of the version with one role for the whole cluster loses that
+// role once a node with partitions opens the lease, and cannot take it
+// again: the old statement, taking the row when expired or its own,
+// finds it held for ever by no node.
+func TestOpenFencesTheLegacyRole(t *testing.T) {
+	schema := teststore.PGSchema(t)
+	open(t, schema, "a", nil) // creates the table
+	db := connect(t)
+	exec := func(q string) int64 {
+		t.Helper()
+		tag, err := db.Exec(context.Background(), strings.ReplaceAll(q, "S.", schema+"."))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tag.RowsAffected()
+	}
+	exec(`UPDATE S.releaser_lease SET holder = 'old', expires_at = clock_timestamp() + interval '1 hour' WHERE role = 'releaser'`)
+	open(t, schema, "b", nil)
+	// The statement of the older version, renewing or taking.
+	old := `INSERT INTO S.releaser_lease AS l (role, holder, epoch, expires_at)
+		VALUES ('releaser', 'old', 1, clock_timestamp() + interval '1500 milliseconds')
+		ON CONFLICT (role) DO UPDATE SET holder = EXCLUDED.holder,
+			epoch = CASE WHEN l.holder = EXCLUDED.holder THEN l.epoch ELSE l.epoch + 1 END, expires_at = EXCLUDED.expires_at
+		WHERE l.holder = EXCLUDED.holder OR l.expires_at < clock_timestamp()`
+	if n := exec(old); n != 0 {
+		t.Fatal("the old node renewed the legacy role")
+	}
+	if n := exec(strings.ReplaceAll(old, "'old'", "'other'")); n != 0 {
+		t.Fatal("another old node took the legacy role")
 	}
 }

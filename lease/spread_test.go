@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 )
@@ -180,15 +178,10 @@ func heldInDB(t *testing.T, schema string, p int) string {
 	return h
 }
 
+// queryRow reads the one row of q into dest.
 func queryRow(t *testing.T, q string, dest ...any) {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, teststore.PGURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close(ctx) }()
-	if err := conn.QueryRow(ctx, q).Scan(dest...); err != nil {
+	if err := connect(t).QueryRow(context.Background(), q).Scan(dest...); err != nil {
 		t.Fatal(err)
 	}
 }
