@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -265,8 +266,9 @@ func carryOn(t *testing.T, pubs *crashtest.Publishers, more int, within time.Dur
 
 // finish stops the publishers, waits up to within for every confirmed
 // message to arrive, checks that none is lost or early and that
-// duplicates stay within clusterBound, and stops the cluster.
-func (c *cluster) finish(t *testing.T, got *consumer, pubs *crashtest.Publishers, dues *dueLedger, within time.Duration) {
+// duplicates stay within clusterBound, stops the cluster, and returns the
+// arrivals.
+func (c *cluster) finish(t *testing.T, got *consumer, pubs *crashtest.Publishers, dues *dueLedger, within time.Duration) []arrival {
 	t.Helper()
 	ls := pubs.Stop()
 	awaitDelivered(t, got, pubs, within)
@@ -280,6 +282,27 @@ func (c *cluster) finish(t *testing.T, got *consumer, pubs *crashtest.Publishers
 		t.Errorf("%d messages arrived early, the worst by %v", n, worst)
 	}
 	c.stopAll()
+	return arrivals
+}
+
+// resumed is when releases resumed after failed: the end of the longest
+// pause in the arrivals from failed on (from failed to the first arrival
+// if that is the longest).
+func resumed(arrivals []arrival, failed time.Time) time.Time {
+	at := []time.Time{failed}
+	for _, a := range arrivals {
+		if a.At.After(failed) {
+			at = append(at, a.At)
+		}
+	}
+	slices.SortFunc(at, time.Time.Compare)
+	end, longest := failed, time.Duration(0)
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap > longest {
+			end, longest = at[i], gap
+		}
+	}
+	return end
 }
 
 // delayedQueue declares a delayed fanout exchange through the first node,
