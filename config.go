@@ -71,7 +71,8 @@ type Config struct {
 	// AdminToken is the bearer token of the admin API; required when
 	// HTTPAddr is not a loopback address.
 	AdminToken string
-	// ReleaseRate caps releases per second; 0 means unlimited.
+	// ReleaseRate caps this node's releases per second (in cluster mode,
+	// of the partitions it releases); 0 means unlimited.
 	ReleaseRate float64
 	// ReleasedDelayType is the field type of x-delay on a released message:
 	// "int64" (a signed 64-bit 'l', what the plugin writes from RabbitMQ

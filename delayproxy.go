@@ -110,11 +110,13 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	if p.clock != nil {
 		now = p.clock.Now
 	}
-	sched, err := p.newReleasing(ctx, st, rel, m)
+	sched, err := p.newReleasing(ctx, st, opened.pg, rel, m)
 	if err != nil {
 		return err
 	}
-	ann.set(sched)
+	if a, ok := sched.(announcer); ok {
+		ann.set(a)
+	}
 	if err := m.RegisterBacklog(sched); err != nil {
 		return err
 	}

@@ -63,7 +63,7 @@ func (c *Config) options(tokenFile *string, version *bool) []option {
 		{name: "admin-token-file", arg: "FILE", env: true, value: (*stringValue)(tokenFile),
 			usage: "file holding the admin token (e.g. a Docker secret); surrounding white space is ignored"},
 		{name: "release-rate", arg: "N", env: true, value: (*floatValue)(&c.ReleaseRate),
-			usage: "most messages released per second; 0 = unlimited"},
+			usage: "most messages released per second by this node; 0 = unlimited"},
 		{name: "released-delay-type", arg: "TYPE", env: true, value: (*stringValue)(&c.ReleasedDelayType),
 			usage: "field type of x-delay on released messages: int64 (signed 64-bit 'l', as the plugin on RabbitMQ 3.13+) or int32 (signed 32-bit 'I', as up to 3.12; 'l' where it does not fit)"},
 		{name: "release-window", arg: "DURATION", env: true, value: (*durationValue)(&c.ReleaseWindow),

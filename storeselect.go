@@ -16,15 +16,16 @@ import (
 // it and where it is, for the start-up log.
 type openedStore struct {
 	store.Store
+	pg      *pgstore.Store // the PostgreSQL store; nil for bbolt
 	metrics metrics.Store
 	path    string // the bbolt file, whose size the metrics report; "" for PostgreSQL
 	where   string // the file, or the database URL without its password
 }
 
 // announcer is what hears of messages other nodes stored or cancelled;
-// *scheduler.Scheduler is one.
+// *roleScheduler is one.
 type announcer interface {
-	Announced(keys ...store.Key)
+	AnnouncedIn(anns []pgstore.Announced)
 	Cancelled(keys ...store.Key)
 	Rescan()
 }
@@ -36,9 +37,9 @@ type lateAnnouncer struct{ to atomic.Pointer[announcer] }
 
 func (l *lateAnnouncer) set(a announcer) { l.to.Store(&a) }
 
-func (l *lateAnnouncer) announced(keys []store.Key) {
+func (l *lateAnnouncer) announced(anns []pgstore.Announced) {
 	if a := l.to.Load(); a != nil {
-		(*a).Announced(keys...)
+		(*a).AnnouncedIn(anns)
 	}
 }
 
@@ -86,7 +87,7 @@ func (p *Proxy) openStore(ctx context.Context, m *metrics.Metrics, ann *lateAnno
 	if err != nil {
 		return nil, err // names the URL, password hidden
 	}
-	return &openedStore{Store: st, metrics: pgMetrics{st}, where: redactURL(p.cfg.Store) + " schema " + p.cfg.StoreSchema}, nil
+	return &openedStore{Store: st, pg: st, metrics: pgMetrics{st}, where: redactURL(p.cfg.Store) + " schema " + p.cfg.StoreSchema}, nil
 }
 
 // pgMetrics is a PostgreSQL store as the metrics read it: its counters in

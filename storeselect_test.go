@@ -22,10 +22,12 @@ type heardKeys struct {
 	announced, cancelled []store.Key
 }
 
-func (h *heardKeys) Announced(keys ...store.Key) {
+func (h *heardKeys) AnnouncedIn(anns []pgstore.Announced) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.announced = append(h.announced, keys...)
+	for _, a := range anns {
+		h.announced = append(h.announced, a.Key)
+	}
 }
 
 func (h *heardKeys) Cancelled(keys ...store.Key) {

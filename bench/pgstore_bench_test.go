@@ -239,10 +239,10 @@ func BenchmarkPGStore_Announce(b *testing.B) {
 		}
 		heard := make(chan hearing, b.N+16)
 		a := teststore.OpenPG(b, schema, pgstore.Options{})
-		teststore.OpenPG(b, schema, pgstore.Options{OnNotify: func(keys []store.Key) {
+		teststore.OpenPG(b, schema, pgstore.Options{OnNotify: func(keys []pgstore.Announced) {
 			now := time.Now()
-			for _, k := range keys {
-				heard <- hearing{k, now}
+			for _, a := range keys {
+				heard <- hearing{a.Key, now}
 			}
 		}})
 		d := store.ExchangeDef{VHost: "/", Name: "x", DelayedType: "direct"}

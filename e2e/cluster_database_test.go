@@ -57,7 +57,7 @@ func TestCluster_DatabaseFails(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			url, fail := tt.servers(t)
 			c := startCluster(t, 2, url, "delayproxy")
-			c.awaitHolder(-1, 15*time.Second)
+			c.awaitSpread(15 * time.Second)
 			ex, got := c.delayedQueue(t)
 
 			var dues dueLedger

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testwait"
+	"github.com/delayproxy/delayproxy/store/pgstore"
 )
 
 // clusterNode is one proxy process of a cluster on a shared PostgreSQL
@@ -74,34 +77,109 @@ func (c *cluster) url() string {
 	return c.nodes[0].tp.URL()
 }
 
-// roles reads delayproxy_releaser_role of every node that is up: the
-// indexes of those that hold it.
+// roles reads delayproxy_releaser_role of every node: the number of
+// partitions each holds, 0 for a node that is down.
 func (c *cluster) roles() []int {
-	var holders []int
+	out := make([]int, len(c.nodes))
 	for i, n := range c.nodes {
-		if !n.down.Load() && n.tp.metric(c.t, "delayproxy_releaser_role") == 1 {
-			holders = append(holders, i)
+		if !n.down.Load() {
+			out[i] = int(n.tp.metric(c.t, "delayproxy_releaser_role"))
 		}
 	}
-	return holders
+	return out
 }
 
-// awaitHolder waits until exactly one node that is up holds the role, other
-// than not (-1: any), and returns it with when it was seen.
-func (c *cluster) awaitHolder(not int, within time.Duration) (int, time.Time) {
+// awaitSpread waits until the nodes that are up hold every partition
+// between them, each some and at most its share (ceil(partitions / nodes
+// up)), and returns what each holds.
+func (c *cluster) awaitSpread(within time.Duration) []int {
+	c.t.Helper()
+	var rs []int
+	testwait.Until(c.t, within, "every node to hold its share of the releaser roles, all of them between them", func() bool {
+		rs = c.roles()
+		up := 0
+		for _, n := range c.nodes {
+			if !n.down.Load() {
+				up++
+			}
+		}
+		share := (pgstore.Partitions + up - 1) / up
+		sum := 0
+		for i, n := range rs {
+			if !c.nodes[i].down.Load() && (n == 0 || n > share) {
+				return false
+			}
+			sum += n
+		}
+		return sum == pgstore.Partitions
+	})
+	return rs
+}
+
+// awaitCovered waits until the nodes that are up hold every partition
+// between them, and returns when it saw it.
+func (c *cluster) awaitCovered(within time.Duration) time.Time {
+	c.t.Helper()
+	testwait.Until(c.t, within, "the nodes up to hold every partition", func() bool {
+		sum := 0
+		for _, n := range c.roles() {
+			sum += n
+		}
+		return sum == pgstore.Partitions
+	})
+	return time.Now()
+}
+
+// lastTaken is the time of the last role taken after after, by the logs
+// of the nodes that are up ("time=... msg=\"releaser role taken\""): when
+// they took it, not when a poll of their metrics saw it.
+func (c *cluster) lastTaken(after time.Time) time.Time {
+	var last time.Time
+	for _, n := range c.nodes {
+		if n.down.Load() {
+			continue
+		}
+		for line := range strings.Lines(n.proc.Log()) {
+			ts, rest, ok := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+			if !ok || !strings.Contains(rest, `msg="releaser role taken"`) {
+				continue
+			}
+			if at, err := time.Parse(time.RFC3339Nano, ts); err == nil && at.After(after) && at.After(last) {
+				last = at
+			}
+		}
+	}
+	return last
+}
+
+// released reads delayproxy_messages_released_total of every node that is
+// up.
+func (c *cluster) released() []float64 {
+	out := make([]float64, len(c.nodes))
+	for i, n := range c.nodes {
+		if !n.down.Load() {
+			out[i] = n.tp.metric(c.t, "delayproxy_messages_released_total")
+		}
+	}
+	return out
+}
+
+// releasing waits until a node that is up, other than not (-1: any), has
+// released more than before, and returns it: with one delayed exchange,
+// the node holding its partition.
+func (c *cluster) releasing(before []float64, not int, within time.Duration) int {
 	c.t.Helper()
 	h := -1
-	testwait.Until(c.t, within, "one node to hold the releaser role", func() bool {
-		rs := c.roles()
-		if len(rs) > 1 {
-			c.t.Fatalf("nodes %v hold the releaser role at once", rs)
+	testwait.Until(c.t, within, "a node to release", func() bool {
+		for i, n := range c.released() {
+			if i != not && !c.nodes[i].down.Load() && n > before[i] {
+				h = i
+				return true
+			}
 		}
-		if len(rs) == 1 && rs[0] != not {
-			h = rs[0]
-		}
-		return h >= 0
+		return false
 	})
-	return h, time.Now()
+	return h
 }
 
 // awaitExchange waits until every node that is up knows the delayed
@@ -188,8 +266,9 @@ func carryOn(t *testing.T, pubs *crashtest.Publishers, more int, within time.Dur
 
 // finish stops the publishers, waits up to within for every confirmed
 // message to arrive, checks that none is lost or early and that
-// duplicates stay within clusterBound, and stops the cluster.
-func (c *cluster) finish(t *testing.T, got *consumer, pubs *crashtest.Publishers, dues *dueLedger, within time.Duration) {
+// duplicates stay within clusterBound, stops the cluster, and returns the
+// arrivals.
+func (c *cluster) finish(t *testing.T, got *consumer, pubs *crashtest.Publishers, dues *dueLedger, within time.Duration) []arrival {
 	t.Helper()
 	ls := pubs.Stop()
 	awaitDelivered(t, got, pubs, within)
@@ -203,6 +282,27 @@ func (c *cluster) finish(t *testing.T, got *consumer, pubs *crashtest.Publishers
 		t.Errorf("%d messages arrived early, the worst by %v", n, worst)
 	}
 	c.stopAll()
+	return arrivals
+}
+
+// resumed is when releases resumed after failed: the end of the longest
+// pause in the arrivals from failed on (from failed to the first arrival
+// if that is the longest).
+func resumed(arrivals []arrival, failed time.Time) time.Time {
+	at := []time.Time{failed}
+	for _, a := range arrivals {
+		if a.At.After(failed) {
+			at = append(at, a.At)
+		}
+	}
+	slices.SortFunc(at, time.Time.Compare)
+	end, longest := failed, time.Duration(0)
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap > longest {
+			end, longest = at[i], gap
+		}
+	}
+	return end
 }
 
 // delayedQueue declares a delayed fanout exchange through the first node,

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -19,49 +20,59 @@ import (
 const clusterBound = releaseWindow
 
 // TestCluster_ReleasingNodeFails: three proxy processes on one PostgreSQL
-// schema; clients publish delayed messages with confirms through all three
-// (each connection to the next node that is up, as a client with several
-// hosts does). The node holding the releaser role fails; another takes the
-// role and releases from the store. Every confirmed message arrives, none
-// early, duplicates within the bound; the clients of a killed node
-// reconnect to another and carry on.
+// schema, the releaser roles of the partitions spread over them (each
+// holds some); clients publish delayed messages with confirms through all
+// three (each connection to the next node that is up, as a client with
+// several hosts does) to one delayed exchange, whose partition one node
+// releases. That node fails; the others take all its partitions and
+// release from the store. Every confirmed message arrives, none early,
+// duplicates within the bound; the clients of a killed node reconnect to
+// another and carry on.
+// failure is when a node failed, and the releaser roles it held and the
+// changes of its roles it had counted then.
+type failure struct {
+	at             time.Time
+	roles, changes float64
+}
+
 func TestCluster_ReleasingNodeFails(t *testing.T) {
 	tests := []struct {
 		name string
 		fail func(n *clusterNode) // makes node n fail
-		// recover, if set, brings node n (failed at failed) back and
+		// recover, if set, brings node n of c (failed as f says) back and
 		// checks it; a node without is gone.
-		recover func(t *testing.T, n *clusterNode, failed time.Time)
+		recover func(t *testing.T, c *cluster, n *clusterNode, f failure)
 	}{
 		{"SIGKILL", func(n *clusterNode) { n.proc.Kill() }, nil},
-		{"SIGSTOP 10s", func(n *clusterNode) { n.proc.Signal(syscall.SIGSTOP) }, func(t *testing.T, n *clusterNode, failed time.Time) {
-			time.Sleep(time.Until(failed.Add(10 * time.Second)))
+		{"SIGSTOP 10s", func(n *clusterNode) { n.proc.Signal(syscall.SIGSTOP) }, func(t *testing.T, c *cluster, n *clusterNode, f failure) {
+			lost := strings.Count(n.proc.Log(), "releaser role lost")
+			time.Sleep(time.Until(f.at.Add(10 * time.Second)))
 			n.proc.Signal(syscall.SIGCONT)
 			woke := time.Now()
-			// Its renewal is seconds old: it gives the role up on waking,
-			// and releases nothing while another node holds it.
-			testwait.Until(t, 5*time.Second, "the woken node to give the role up", func() bool {
-				return n.tp.metric(t, "delayproxy_releaser_role") == 0
+			// Its renewals are seconds old: it gives its roles up on
+			// waking, and releases nothing until it holds some again (the
+			// others give it some back, being above their share).
+			testwait.Until(t, 5*time.Second, "the woken node to give its roles up", func() bool {
+				return strings.Count(n.proc.Log(), "releaser role lost") >= lost+int(f.roles)
 			})
-			t.Logf("woken from SIGSTOP: role gauge 0 within %v", time.Since(woke))
+			t.Logf("woken from SIGSTOP: its %v roles lost within %v", f.roles, time.Since(woke))
 			// Confirms of batches published before the stop may still
-			// come in; then nothing more.
+			// come in; then nothing more unless it took roles again.
 			time.Sleep(time.Second)
 			released := n.tp.metric(t, "delayproxy_messages_released_total")
-			changes := n.tp.metric(t, "delayproxy_releaser_role_changes_total")
 			time.Sleep(3 * time.Second)
 			if got := n.tp.metric(t, "delayproxy_messages_released_total"); got != released &&
-				n.tp.metric(t, "delayproxy_releaser_role_changes_total") == changes {
-				t.Errorf("released %v messages after waking without the role", got-released)
+				n.tp.metric(t, "delayproxy_releaser_role_changes_total") <= f.changes+f.roles {
+				t.Errorf("released %v messages after waking without a role", got-released)
 			}
 			n.down.Store(false)
+			t.Logf("partitions held once it is back: %v", c.awaitSpread(20*time.Second))
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := startCluster(t, 3, teststore.PGURL(), teststore.PGSchema(t))
-			h, _ := c.awaitHolder(-1, 15*time.Second)
-			t.Logf("node %d holds the releaser role", h)
+			t.Logf("partitions held by each node: %v", c.awaitSpread(20*time.Second))
 
 			ex, got := c.delayedQueue(t)
 
@@ -82,25 +93,25 @@ func TestCluster_ReleasingNodeFails(t *testing.T) {
 				}
 			})
 			awaitConfirmedEach(t, pubs, 100)
+			h := c.releasing(make([]float64, len(c.nodes)), -1, 15*time.Second)
+			t.Logf("node %d releases the exchange's partition", h)
 			time.Sleep(time.Duration(rand.Int64N(int64(time.Second))))
 
-			before := make([]float64, len(c.nodes))
-			for i, n := range c.nodes {
-				before[i] = n.tp.metric(t, "delayproxy_messages_released_total")
-			}
+			before := c.released()
 			atFail := pubs.Confirmed()
+			f := failure{roles: c.nodes[h].tp.metric(t, "delayproxy_releaser_role"),
+				changes: c.nodes[h].tp.metric(t, "delayproxy_releaser_role_changes_total")}
 			failed := time.Now()
+			f.at = failed
 			c.nodes[h].down.Store(true)
 			tt.fail(c.nodes[h])
 
-			h2, seen := c.awaitHolder(h, 10*time.Second)
-			testwait.Until(t, 10*time.Second, "the new holder's first release", func() bool {
-				return c.nodes[h2].tp.metric(t, "delayproxy_messages_released_total") > before[h2]
-			})
-			t.Logf("%s of node %d with %d confirmed: node %d holds the role after %v, releases after %v",
-				tt.name, h, atFail, h2, seen.Sub(failed), time.Since(failed))
+			seen := c.awaitCovered(10 * time.Second)
+			h2 := c.releasing(before, h, 10*time.Second)
+			t.Logf("%s of node %d with %d confirmed: the others hold every partition after %v (%v; their logs: the last taken after %v), node %d releases after %v",
+				tt.name, h, atFail, seen.Sub(failed), c.roles(), c.lastTaken(failed).Sub(failed), h2, time.Since(failed))
 			if tt.recover != nil {
-				tt.recover(t, c.nodes[h], failed)
+				tt.recover(t, c, c.nodes[h], f)
 			}
 
 			carryOn(t, pubs, 50, 30*time.Second)
@@ -114,7 +125,8 @@ func TestCluster_ReleasingNodeFails(t *testing.T) {
 			if tt.recover == nil && cut == 0 {
 				t.Error("no client's connection went through the killed node")
 			}
-			c.finish(t, got, pubs, &dues, 40*time.Second)
+			arrivals := c.finish(t, got, pubs, &dues, 40*time.Second)
+			t.Logf("releases resumed %v after the failure (the longest pause in the arrivals)", resumed(arrivals, failed).Sub(failed))
 		})
 	}
 }

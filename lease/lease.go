@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -17,63 +16,79 @@ import (
 	"github.com/delayproxy/delayproxy/scheduler"
 )
 
-// Defaults of Config. A dead, hung or disconnected holder loses the role
-// after at most DefaultTTL-DefaultMargin locally, and another node takes it
-// within DefaultTTL+DefaultRenew of the holder's last renewal: under 2 s.
+// Defaults of Config. A dead, hung or disconnected holder loses its roles
+// after at most DefaultTTL-DefaultMargin locally, and another node takes
+// them within DefaultTTL+DefaultRenew of the holder's last renewal: under
+// 2 s.
 const (
 	DefaultSchema = "delayproxy"
-	DefaultRole   = "releaser"
 	DefaultTTL    = 1500 * time.Millisecond
 	DefaultRenew  = 300 * time.Millisecond
 	DefaultMargin = 250 * time.Millisecond
 )
 
-// Config configures a Lease. The zero value of each field is its default.
+// rolePrefix names the roles: releaser/0, releaser/1, ...
+const rolePrefix = "releaser/"
+
+// legacyRole is the one role of delayproxy before partitions, fenced off
+// by legacyHolder (Open).
+const (
+	legacyRole   = "releaser"
+	legacyHolder = "(releaser roles per partition)"
+)
+
+// Config configures a Lease. The zero value of each field but Partitions
+// is its default.
 type Config struct {
 	// URL is the PostgreSQL connection string (libpq syntax; several hosts
 	// and target_session_attrs=read-write included).
 	URL string
-	// Schema holds the table releaser_lease (the store's schema).
+	// Schema holds the tables releaser_lease and nodes (the store's schema).
 	Schema string
-	// Role names the row of the table; one holder per role.
-	Role string
+	// Partitions is the number of roles: releaser/0 to
+	// releaser/<Partitions-1>, one per partition of the messages.
+	Partitions int
 	// Holder is this node's id; default NodeID().
 	Holder string
-	// TTL is how long a renewal keeps the role, on the database's clock.
+	// TTL is how long a renewal keeps a role, and a heartbeat the node
+	// counted live, on the database's clock.
 	TTL time.Duration
-	// Renew is the pause between renewals, and between attempts to take
-	// the role when another node holds it.
+	// Renew is the pause between ticks: renewals, heartbeats and attempts
+	// to take roles.
 	Renew time.Duration
 	// Margin is taken off the local deadline for the clock rates of the
 	// node and the database to differ.
 	Margin time.Duration
-	// Clock reads the local time the deadline is kept by; default the
+	// Clock reads the local time the deadlines are kept by; default the
 	// system clock (monotonic).
 	Clock scheduler.Clock
-	// Logger receives the changes of holder and the database's errors.
+	// Logger receives the changes of roles and the database's errors.
 	Logger *slog.Logger
-	// Metrics receives the changes of role; nil is none.
+	// Metrics receives the changes of roles; nil is none.
 	Metrics Metrics
 }
 
-// Metrics is what the lease reports; *metrics.Role has it.
+// Metrics is what the lease reports; *metrics.Metrics has it.
 type Metrics interface {
-	// RoleHeld reports that this node took (true) or lost (false) the role.
-	RoleHeld(held bool)
+	// RolesHeld reports the number of roles this node holds now and how
+	// many it took or lost since the last report.
+	RolesHeld(held, changes int)
 }
 
-// Lease is one node's claim on a role. Open it, Run it.
+// Lease is one node's claim on the releaser roles. Open it, Run it.
 type Lease struct {
 	cfg   Config
 	pool  *pgxpool.Pool
-	table string // quoted schema.table
+	roles string // quoted schema.releaser_lease
+	nodes string // quoted schema.nodes
+	names []string
 	log   *slog.Logger
 
-	mu    sync.Mutex // guards until and epoch
-	until time.Time  // local deadline of the role; zero when not held
-	epoch int64      // the term's epoch while held
+	mu    sync.Mutex  // guards until and epoch
+	until []time.Time // per role, the local deadline; zero when not held
+	epoch []int64     // per role, the epoch while held
 
-	beforeTry func() // tests: called before each attempt (blocks to pause the loop)
+	beforeTick func() // tests: called before each tick (blocks to pause the loop)
 }
 
 // NodeID is a node id unique across restarts: host name, process id and a
@@ -86,10 +101,14 @@ func NodeID() string {
 	return host + "/" + strconv.Itoa(os.Getpid()) + "/" + strconv.FormatUint(rand.Uint64()>>32, 36)
 }
 
-// Open connects to PostgreSQL and creates the schema and the lease table if
-// they are missing. Its errors are one line each, fit for start-up.
+// Open connects to PostgreSQL and creates the schema, the lease's tables
+// and the rows of the roles if they are missing. Its errors are one line
+// each, fit for start-up.
 func Open(ctx context.Context, cfg Config) (*Lease, error) {
 	cfg = cfg.withDefaults()
+	if cfg.Partitions <= 0 {
+		return nil, fmt.Errorf("lease: %d partitions: want at least 1", cfg.Partitions)
+	}
 	if cfg.Renew >= cfg.TTL-cfg.Margin {
 		return nil, fmt.Errorf("lease: renew interval %v must be shorter than TTL %v less margin %v", cfg.Renew, cfg.TTL, cfg.Margin)
 	}
@@ -106,10 +125,16 @@ func Open(ctx context.Context, cfg Config) (*Lease, error) {
 	l := &Lease{
 		cfg:   cfg,
 		pool:  pool,
-		table: pgx.Identifier{cfg.Schema, "releaser_lease"}.Sanitize(),
+		roles: pgx.Identifier{cfg.Schema, "releaser_lease"}.Sanitize(),
+		nodes: pgx.Identifier{cfg.Schema, "nodes"}.Sanitize(),
 		log:   cfg.Logger,
+		until: make([]time.Time, cfg.Partitions),
+		epoch: make([]int64, cfg.Partitions),
 	}
-	if err := l.createTable(ctx); err != nil {
+	for p := range cfg.Partitions {
+		l.names = append(l.names, rolePrefix+strconv.Itoa(p))
+	}
+	if err := l.createTables(ctx); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -119,9 +144,6 @@ func Open(ctx context.Context, cfg Config) (*Lease, error) {
 func (c Config) withDefaults() Config {
 	if c.Schema == "" {
 		c.Schema = DefaultSchema
-	}
-	if c.Role == "" {
-		c.Role = DefaultRole
 	}
 	if c.Holder == "" {
 		c.Holder = NodeID()
@@ -144,21 +166,38 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// createTable creates the schema and the table, as IF NOT EXISTS: the
-// table is the lease's own, apart from the store's versioned migrations.
-func (l *Lease) createTable(ctx context.Context) error {
+// createTables creates the schema, the tables and the roles' rows (held
+// by no one), as IF NOT EXISTS: the tables are the lease's own, apart from
+// the store's versioned migrations. It forgets the nodes dead for an hour.
+func (l *Lease) createTables(ctx context.Context) error {
 	schema := pgx.Identifier{l.cfg.Schema}.Sanitize()
-	for _, q := range []string{
-		`CREATE SCHEMA IF NOT EXISTS ` + schema,
-		`CREATE TABLE IF NOT EXISTS ` + l.table + ` (
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{`CREATE SCHEMA IF NOT EXISTS ` + schema, nil},
+		{`CREATE TABLE IF NOT EXISTS ` + l.roles + ` (
 			role       text PRIMARY KEY,
 			holder     text NOT NULL,
 			epoch      bigint NOT NULL,
 			expires_at timestamptz NOT NULL
-		)`,
+		)`, nil},
+		{`CREATE TABLE IF NOT EXISTS ` + l.nodes + ` (
+			node       text PRIMARY KEY,
+			expires_at timestamptz NOT NULL
+		)`, nil},
+		{`INSERT INTO ` + l.roles + ` (role, holder, epoch, expires_at)
+			SELECT r, '', 0, '-infinity' FROM unnest($1::text[]) AS r ON CONFLICT (role) DO NOTHING`, []any{l.names}},
+		{`DELETE FROM ` + l.nodes + ` WHERE expires_at < clock_timestamp() - interval '1 hour'`, nil},
+		// The one role of the whole cluster of older delayproxy versions
+		// is held for ever by no node: an older node still running loses
+		// it at its next renewal, and none takes it again.
+		{`INSERT INTO ` + l.roles + ` (role, holder, epoch, expires_at) VALUES ($1, $2, 1, 'infinity')
+			ON CONFLICT (role) DO UPDATE SET holder = EXCLUDED.holder, epoch = ` + l.roles + `.epoch + 1, expires_at = 'infinity'
+			WHERE ` + l.roles + `.holder <> EXCLUDED.holder`, []any{legacyRole, legacyHolder}},
 	} {
-		if _, err := l.pool.Exec(ctx, q); err != nil {
-			return fmt.Errorf("lease: create %s: %w", l.table, err)
+		if _, err := l.pool.Exec(ctx, q.sql, q.args...); err != nil {
+			return fmt.Errorf("lease: create %s: %w", l.roles, err)
 		}
 	}
 	return nil
@@ -167,38 +206,24 @@ func (l *Lease) createTable(ctx context.Context) error {
 // Close closes the connections. Call it after Run returned.
 func (l *Lease) Close() { l.pool.Close() }
 
-// Held reports whether this node holds the role now, by the local deadline
+// Held reports whether this node holds role p now, by its local deadline
 // (fencing): check it before every action only the holder may take.
-func (l *Lease) Held() bool {
+func (l *Lease) Held(p int) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.until.IsZero() && l.cfg.Clock.Now().Before(l.until)
+	return p >= 0 && p < len(l.until) && !l.until[p].IsZero() && l.cfg.Clock.Now().Before(l.until[p])
 }
 
-// try takes or renews the role in one statement: it succeeds only when the
-// role's row has expired or is this node's, on the database's clock, and
-// then returns the epoch (bumped when the holder changes). ok is false when
-// another node holds the role.
-func (l *Lease) try(ctx context.Context) (epoch int64, ok bool, err error) {
-	q := `INSERT INTO ` + l.table + ` AS l (role, holder, epoch, expires_at)
-		VALUES ($1, $2, 1, clock_timestamp() + $3 * interval '1 millisecond')
-		ON CONFLICT (role) DO UPDATE SET
-			holder = EXCLUDED.holder,
-			epoch = CASE WHEN l.holder = EXCLUDED.holder THEN l.epoch ELSE l.epoch + 1 END,
-			expires_at = EXCLUDED.expires_at
-		WHERE l.holder = EXCLUDED.holder OR l.expires_at < clock_timestamp()
-		RETURNING epoch`
-	err = l.pool.QueryRow(ctx, q, l.cfg.Role, l.cfg.Holder, l.cfg.TTL.Milliseconds()).Scan(&epoch)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, false, nil
+// heldSet lists the roles held now by their local deadlines.
+func (l *Lease) heldSet() []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.cfg.Clock.Now()
+	var out []int
+	for p, u := range l.until {
+		if !u.IsZero() && now.Before(u) {
+			out = append(out, p)
+		}
 	}
-	return epoch, err == nil, err
-}
-
-// release gives the role up in the database at once (a graceful stop), so
-// that another node need not wait for the expiry.
-func (l *Lease) release(ctx context.Context) error {
-	_, err := l.pool.Exec(ctx, `UPDATE `+l.table+` SET expires_at = clock_timestamp() - interval '1 millisecond'
-		WHERE role = $1 AND holder = $2`, l.cfg.Role, l.cfg.Holder)
-	return err
+	return out
 }

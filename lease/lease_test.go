@@ -2,11 +2,14 @@ package lease
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
 	"github.com/delayproxy/delayproxy/internal/testlog"
@@ -17,10 +20,13 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// partitions is the number of roles the tests use, as the store's.
+const partitions = 8
+
 // open opens a lease of node holder on schema, closed when the test ends.
 func open(t *testing.T, schema, holder string, change func(*Config)) *Lease {
 	t.Helper()
-	cfg := Config{URL: teststore.PGURL(), Schema: schema, Holder: holder, Logger: testlog.New()}
+	cfg := Config{URL: teststore.PGURL(), Schema: schema, Partitions: partitions, Holder: holder, Logger: testlog.New()}
 	if change != nil {
 		change(&cfg)
 	}
@@ -32,44 +38,132 @@ func open(t *testing.T, schema, holder string, change func(*Config)) *Lease {
 	return l
 }
 
-// tryOnce is one attempt to take or renew the role.
-func tryOnce(t *testing.T, l *Lease) (int64, bool) {
+// connect connects to the test database, closed when the test ends.
+func connect(t *testing.T) *pgx.Conn {
 	t.Helper()
-	epoch, ok, err := l.try(context.Background())
+	conn, err := pgx.Connect(context.Background(), teststore.PGURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return epoch, ok
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
 }
 
-func TestTryRacesHaveOneWinner(t *testing.T) {
+// takeOnce is one attempt to take roles parts.
+func takeOnce(t *testing.T, l *Lease, parts ...int) map[int]int64 {
+	t.Helper()
+	taken, err := l.take(context.Background(), parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return taken
+}
+
+func TestShare(t *testing.T) {
+	tests := []struct{ roles, nodes, want int }{
+		{8, 0, 8}, {8, 1, 8}, {8, 2, 4}, {8, 3, 3}, {8, 4, 2}, {8, 5, 2}, {8, 7, 2}, {8, 8, 1}, {8, 9, 1}, {1, 3, 1},
+	}
+	for _, tt := range tests {
+		if got := share(tt.roles, tt.nodes); got != tt.want {
+			t.Errorf("share(%d roles, %d nodes) = %d, want %d", tt.roles, tt.nodes, got, tt.want)
+		}
+	}
+}
+
+func TestPlan(t *testing.T) {
+	// roles reads a line of 8 roles: '.' held by another node, 'x'
+	// expired, 'X' expired for longer than a renew interval.
+	roles := func(s string) []roleState {
+		out := make([]roleState, len(s))
+		for i, c := range s {
+			out[i] = roleState{expired: c == 'x' || c == 'X', longExpired: c == 'X'}
+		}
+		return out
+	}
+	// set reads a line of 8: '1' in the set.
+	set := func(s string) []bool {
+		out := make([]bool, len(s))
+		for i, c := range s {
+			out[i] = c == '1'
+		}
+		return out
+	}
+	tests := []struct {
+		name                 string
+		held, leaving, roles string
+		nodes                int
+		wantTake             []int
+		wantGiveUp           int
+	}{
+		{"alone: takes every expired role", "00000000", "00000000", "xxxxxxxx", 1, []int{0, 1, 2, 3, 4, 5, 6, 7}, -1},
+		{"one of three: takes its share", "00000000", "00000000", "xxxxxxxx", 3, []int{0, 1, 2}, -1},
+		{"takes up to its share", "11000000", "00000000", "..xxxxxx", 3, []int{2}, -1},
+		{"at its share: leaves an expired role to others", "11100000", "00000000", "...x....", 3, nil, -1},
+		{"coverage first: a role nobody took", "11100000", "00000000", "...X....", 3, []int{3}, -1},
+		{"the long expired ones before the others", "00000000", "00000000", "xxxxxxXX", 4, []int{6, 7}, -1},
+		{"above its share: gives one up", "11110000", "00000000", "........", 3, nil, 3},
+		{"above its share while a role is expired: keeps them", "11110000", "00000000", "....x...", 3, nil, -1},
+		{"one give-up at a time", "11110000", "00001000", "........", 3, nil, -1},
+		{"does not take back what it gives up", "11100000", "00010000", "...X....", 3, nil, -1},
+		{"at its share: nothing", "00000111", "00000000", "........", 3, nil, -1},
+	}
+	for _, tt := range tests {
+		take, giveUp := plan(set(tt.held), set(tt.leaving), roles(tt.roles), tt.nodes)
+		if !slices.Equal(take, tt.wantTake) || giveUp != tt.wantGiveUp {
+			t.Errorf("%s: take %v, give up %d; want %v, %d", tt.name, take, giveUp, tt.wantTake, tt.wantGiveUp)
+		}
+	}
+}
+
+// Nodes taking the same expired roles at once: each role goes to one.
+func TestTakeRacesHaveOneWinnerPerRole(t *testing.T) {
 	schema := teststore.PGSchema(t)
 	const nodes = 4
 	ls := make([]*Lease, nodes)
 	for i := range ls {
 		ls[i] = open(t, schema, string(rune('a'+i)), nil)
 	}
-	for round := range 5 {
-		var wins atomic.Int32
+	all := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	var first [partitions]int // the node that took each role in round 0
+	for round := range 3 {
+		var mu sync.Mutex // guards winners
+		winners := make([][]int, partitions)
 		var wg sync.WaitGroup
-		for _, l := range ls {
+		for i, l := range ls {
+			// Each node names the roles in another order.
+			parts := slices.Clone(all)
+			if i%2 == 1 {
+				slices.Reverse(parts)
+			}
 			wg.Go(func() {
-				if _, ok, err := l.try(context.Background()); err != nil {
+				taken, err := l.take(context.Background(), parts)
+				if err != nil {
 					t.Error(err)
-				} else if ok {
-					wins.Add(1)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				for p := range taken {
+					winners[p] = append(winners[p], i)
 				}
 			})
 		}
 		wg.Wait()
-		// Round 0 races for a new row, later rounds against its holder.
-		if n := wins.Load(); n != 1 {
-			t.Fatalf("round %d: %d nodes took the role at once, want 1", round, n)
+		// Round 0 races for expired roles; later rounds, the holders
+		// renew theirs and the others are refused.
+		for p, w := range winners {
+			if len(w) != 1 {
+				t.Fatalf("round %d: role %d taken by nodes %v, want one", round, p, w)
+			}
+			if round == 0 {
+				first[p] = w[0]
+			} else if w[0] != first[p] {
+				t.Fatalf("round %d: role %d taken by node %d from node %d", round, p, w[0], first[p])
+			}
 		}
 	}
 }
 
-func TestTryExpiryTakeoverAndEpochs(t *testing.T) {
+func TestTakeExpiryTakeoverAndEpochs(t *testing.T) {
 	schema := teststore.PGSchema(t)
 	ttl := func(c *Config) {
 		c.TTL, c.Renew, c.Margin = 400*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
@@ -85,15 +179,14 @@ func TestTryExpiryTakeoverAndEpochs(t *testing.T) {
 	}{
 		{"a takes the new role", a, 0, true, 1},
 		{"b is refused while a's lease runs", b, 0, false, 0},
-		{"a renews: same epoch", a, 0, true, 1},
+		{"a takes it again: same epoch", a, 0, true, 1},
 		{"b takes it once expired: next epoch", b, 500 * time.Millisecond, true, 2},
 		{"a is refused", a, 0, false, 0},
-		{"b renews", b, 0, true, 2},
 		{"a takes it back once expired", a, 500 * time.Millisecond, true, 3},
 	}
 	for _, s := range steps {
 		time.Sleep(s.wait)
-		epoch, ok := tryOnce(t, s.l)
+		epoch, ok := takeOnce(t, s.l, 5)[5]
 		if ok != s.wantOK || epoch != s.wantEpoch {
 			t.Fatalf("%s: ok=%v epoch=%d, want ok=%v epoch=%d", s.name, ok, epoch, s.wantOK, s.wantEpoch)
 		}
@@ -102,14 +195,14 @@ func TestTryExpiryTakeoverAndEpochs(t *testing.T) {
 
 // recorder is a lead that records its terms.
 type recorder struct {
-	mu     sync.Mutex // guards epochs and active
-	epochs []int64
+	mu     sync.Mutex // guards terms and active
+	terms  [][]int
 	active bool
 }
 
-func (r *recorder) lead(ctx context.Context, epoch int64) {
+func (r *recorder) lead(ctx context.Context, parts []int) {
 	r.mu.Lock()
-	r.epochs = append(r.epochs, epoch)
+	r.terms = append(r.terms, parts)
 	r.active = true
 	r.mu.Unlock()
 	<-ctx.Done()
@@ -118,20 +211,19 @@ func (r *recorder) lead(ctx context.Context, epoch int64) {
 	r.mu.Unlock()
 }
 
-func (r *recorder) state() (terms int, active bool) {
+// state is the number of terms so far, whether one runs, and the last one's
+// roles.
+func (r *recorder) state() (terms int, active bool, last []int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.epochs), r.active
+	if len(r.terms) > 0 {
+		last = r.terms[len(r.terms)-1]
+	}
+	return len(r.terms), r.active, last
 }
 
-func (r *recorder) firstEpoch() int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.epochs[0]
-}
-
-// run runs l until the test ends.
-func run(t *testing.T, l *Lease, lead func(context.Context, int64)) (stop func()) {
+// run runs l until the test ends, or stop.
+func run(t *testing.T, l *Lease, lead func(context.Context, []int)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); l.Run(ctx, lead) }()
@@ -140,84 +232,26 @@ func run(t *testing.T, l *Lease, lead func(context.Context, int64)) (stop func()
 	return stop
 }
 
-// A holder whose loop is paused (as by SIGSTOP: nothing runs, its
-// connection stays) stops holding the role by its local deadline, before
-// the database hands the role to another node; woken up, it ends its term
-// and does not take the role back while the other renews.
-func TestPausedHolderLosesTheRoleFirst(t *testing.T) {
-	schema := teststore.PGSchema(t)
-	var pauseA atomic.Bool
-	unpause := make(chan struct{})
-	resume := sync.OnceFunc(func() { close(unpause) }) // SIGCONT
-	a := open(t, schema, "a", nil)
-	a.beforeTry = func() {
-		if pauseA.Load() {
-			<-unpause
-		}
-	}
-	ra := &recorder{}
-	run(t, a, ra.lead)
-	t.Cleanup(resume) // before a's stop (cleanups run last first), or a failed test hangs in it
-	testwait.Until(t, 5*time.Second, "a to take the role", a.Held)
-
-	pauseA.Store(true)
-	b := open(t, schema, "b", nil)
-	var aHeldAtTakeover atomic.Bool
-	aHeldAtTakeover.Store(true)
-	rb := &recorder{}
-	taken := time.Now()
-	run(t, b, func(ctx context.Context, epoch int64) {
-		aHeldAtTakeover.Store(a.Held())
-		rb.lead(ctx, epoch)
-	})
-	// b's lead records a's view before rb's term: wait for the term, not
-	// for b.Held, which is true before lead runs.
-	testwait.Until(t, 5*time.Second, "b to take the role", func() bool {
-		terms, _ := rb.state()
-		return terms == 1
-	})
-	t.Logf("b took the role %v after a's loop paused", time.Since(taken))
-	if aHeldAtTakeover.Load() {
-		t.Fatal("a still held the role by its own clock when b took it")
-	}
-	if _, active := ra.state(); !active {
-		t.Fatal("a's term ended although its loop was paused")
-	}
-
-	resume()
-	testwait.Until(t, 5*time.Second, "a's term to end once its loop runs", func() bool {
-		_, active := ra.state()
-		return !active
-	})
-	time.Sleep(3 * DefaultRenew)
-	if terms, _ := ra.state(); terms != 1 || a.Held() {
-		t.Fatalf("a: %d terms, held %v; want 1 term and not held while b renews", terms, a.Held())
-	}
-	if e := rb.firstEpoch(); e != 2 {
-		t.Fatalf("b's epoch %d, want 2", e)
-	}
-}
-
-// The local deadline is the time the successful renewal was sent, plus TTL
-// less Margin, on the node's own clock; when the clock jumps past it (as
-// when the process wakes from SIGSTOP) the role is no longer held although
-// the database still names the node.
+// The local deadline of a role is the time the successful take or renewal
+// was sent, plus TTL less Margin, on the node's own clock; when the clock
+// jumps past it (as when the process wakes from SIGSTOP) the role is no
+// longer held although the database still names the node.
 func TestLocalDeadlineIsSendTimePlusTTLLessMargin(t *testing.T) {
 	schema := teststore.PGSchema(t)
 	clock := scheduler.NewManualClock(time.Unix(1_000_000, 0))
-	var tries atomic.Int32
+	var ticks atomic.Int32
 	block := make(chan struct{})
 	a := open(t, schema, "a", func(c *Config) { c.Clock = clock })
-	a.beforeTry = func() {
-		if tries.Add(1) > 1 {
-			<-block // one attempt only
+	a.beforeTick = func() {
+		if ticks.Add(1) > 1 {
+			<-block // one tick only
 		}
 	}
 	defer close(block)
 	sent := clock.Now()
 	r := &recorder{}
 	run(t, a, r.lead)
-	testwait.Until(t, 5*time.Second, "a to take the role", a.Held)
+	testwait.Until(t, 5*time.Second, "a to take the roles", func() bool { return a.Held(partitions - 1) })
 
 	deadline := sent.Add(DefaultTTL - DefaultMargin)
 	tests := []struct {
@@ -231,11 +265,45 @@ func TestLocalDeadlineIsSendTimePlusTTLLessMargin(t *testing.T) {
 	}
 	for _, tt := range tests {
 		clock.Set(tt.at)
-		if got := a.Held(); got != tt.want {
-			t.Errorf("Held at send+%v = %v, want %v", tt.at.Sub(sent), got, tt.want)
+		for p := range partitions {
+			if got := a.Held(p); got != tt.want {
+				t.Errorf("Held(%d) at send+%v = %v, want %v", p, tt.at.Sub(sent), got, tt.want)
+			}
 		}
 	}
-	if _, ok := tryOnce(t, open(t, schema, "b", nil)); ok {
-		t.Error("the database gave b the role: a's lease had not expired there")
+	if taken := takeOnce(t, open(t, schema, "b", nil), 0, 1, 2, 3, 4, 5, 6, 7); len(taken) > 0 {
+		t.Errorf("the database gave b roles %v: a's leases had not expired there", taken)
+	}
+}
+
+// A node of the version with one role for the whole cluster loses that
+// role once a node with partitions opens the lease, and cannot take it
+// again: the old statement, taking the row when expired or its own,
+// finds it held for ever by no node.
+func TestOpenFencesTheLegacyRole(t *testing.T) {
+	schema := teststore.PGSchema(t)
+	open(t, schema, "a", nil) // creates the table
+	db := connect(t)
+	exec := func(q string) int64 {
+		t.Helper()
+		tag, err := db.Exec(context.Background(), strings.ReplaceAll(q, "S.", schema+"."))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tag.RowsAffected()
+	}
+	exec(`UPDATE S.releaser_lease SET holder = 'old', expires_at = clock_timestamp() + interval '1 hour' WHERE role = 'releaser'`)
+	open(t, schema, "b", nil)
+	// The statement of the older version, renewing or taking.
+	old := `INSERT INTO S.releaser_lease AS l (role, holder, epoch, expires_at)
+		VALUES ('releaser', 'old', 1, clock_timestamp() + interval '1500 milliseconds')
+		ON CONFLICT (role) DO UPDATE SET holder = EXCLUDED.holder,
+			epoch = CASE WHEN l.holder = EXCLUDED.holder THEN l.epoch ELSE l.epoch + 1 END, expires_at = EXCLUDED.expires_at
+		WHERE l.holder = EXCLUDED.holder OR l.expires_at < clock_timestamp()`
+	if n := exec(old); n != 0 {
+		t.Fatal("the old node renewed the legacy role")
+	}
+	if n := exec(strings.ReplaceAll(old, "'old'", "'other'")); n != 0 {
+		t.Fatal("another old node took the legacy role")
 	}
 }

@@ -111,8 +111,8 @@ type Metrics struct {
 
 	upstreamReconnects prometheus.Counter
 
-	role        prometheus.Gauge   // releaser role held (role.go)
-	roleChanges prometheus.Counter // releaser role taken or lost
+	role        prometheus.Gauge   // releaser roles held (role.go)
+	roleChanges prometheus.Counter // releaser roles taken or lost
 
 	backlog atomic.Pointer[Backlog] // set by RegisterBacklog; nil before
 }
@@ -179,9 +179,9 @@ func New() *Metrics {
 	m.upstreamReconnects = counter("upstream_reconnects_total",
 		"Times the releaser re-established its connection to RabbitMQ.")
 	m.role = gauge("releaser_role",
-		"1 while this node holds the releaser role and releases due messages: always with the bbolt store; in cluster mode, the node holding the lease.")
+		"Releaser roles this node holds: with the bbolt store 1, the whole store; in cluster mode the number of partitions of the messages (of 8) whose leases it holds and whose due messages it releases.")
 	m.roleChanges = counter("releaser_role_changes_total",
-		"Times this node took or lost the releaser role (cluster mode).")
+		"Releaser roles (partitions, in cluster mode) this node took or lost.")
 
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),

@@ -40,9 +40,9 @@ func touch(m *Metrics) {
 	m.Commit(store.CommitInfo{Messages: 60, Deletes: 4, Duration: 2 * time.Millisecond})
 	m.Commit(store.CommitInfo{Messages: 1, Err: store.ErrFull}) // not observed
 	m.UpstreamReconnect()
-	m.RoleHeld(true)
-	m.RoleHeld(false)
-	m.RoleHeld(true)
+	m.RolesHeld(3, 3)
+	m.RolesHeld(0, 3)
+	m.RolesHeld(2, 2)
 }
 
 func TestValues(t *testing.T) {
@@ -69,8 +69,8 @@ func TestValues(t *testing.T) {
 		{"refused delay_too_long", testutil.ToFloat64(m.refused[RefusedDelayTooLong]), 2},
 		{"refused store_error", testutil.ToFloat64(m.refused[RefusedStoreError]), 0},
 		{"reconnects", testutil.ToFloat64(m.upstreamReconnects), 1},
-		{"releaser_role", testutil.ToFloat64(m.role), 1},
-		{"releaser_role_changes_total", testutil.ToFloat64(m.roleChanges), 3},
+		{"releaser_role", testutil.ToFloat64(m.role), 2},
+		{"releaser_role_changes_total", testutil.ToFloat64(m.roleChanges), 8},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

@@ -1,15 +1,12 @@
 package metrics
 
-// RoleHeld records that this node took (true) or lost (false) the releaser
-// role; a node with the bbolt store takes it once, at start.
-func (m *Metrics) RoleHeld(held bool) {
+// RolesHeld records the number of releaser roles (partitions) this node
+// holds now and how many it took or lost since the last call; a node with
+// the bbolt store holds its one role from the start.
+func (m *Metrics) RolesHeld(held, changes int) {
 	if m == nil {
 		return
 	}
-	m.roleChanges.Inc()
-	if held {
-		m.role.Set(1)
-	} else {
-		m.role.Set(0)
-	}
+	m.roleChanges.Add(float64(changes))
+	m.role.Set(float64(held))
 }

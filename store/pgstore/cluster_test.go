@@ -16,28 +16,39 @@ import (
 
 // heard collects the keys a store announced to OnNotify.
 type heard struct {
-	mu   sync.Mutex // guards keys and at
+	mu   sync.Mutex // guards keys, parts and at
 	keys []store.Key
+	part []int
 	at   []time.Time
 }
 
-func (h *heard) notify(keys []store.Key) {
+func (h *heard) notify(keys []pgstore.Announced) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, k := range keys {
-		h.keys = append(h.keys, k)
+	for _, a := range keys {
+		h.keys = append(h.keys, a.Key)
+		h.part = append(h.part, a.Partition)
 		h.at = append(h.at, time.Now())
 	}
 }
 
-// has reports whether k was heard, and when.
-func (h *heard) has(k store.Key) (time.Time, bool) {
+// cancelled collects keys as OnCancel hears them: partition -1.
+func (h *heard) cancelled(keys []store.Key) {
+	anns := make([]pgstore.Announced, len(keys))
+	for i, k := range keys {
+		anns[i] = pgstore.Announced{Key: k, Partition: -1}
+	}
+	h.notify(anns)
+}
+
+// has reports whether k was heard, when, and in which partition.
+func (h *heard) has(k store.Key) (time.Time, int, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if i := slices.Index(h.keys, k); i >= 0 {
-		return h.at[i], true
+		return h.at[i], h.part[i], true
 	}
-	return time.Time{}, false
+	return time.Time{}, 0, false
 }
 
 // TestTwoNodes: two stores on one schema, as two proxies: each sees the
@@ -48,7 +59,7 @@ func TestTwoNodes(t *testing.T) {
 	schema := teststore.PGSchema(t)
 	var hb, hbCancel heard
 	a := teststore.OpenPG(t, schema, pgstore.Options{})
-	b := teststore.OpenPG(t, schema, pgstore.Options{OnNotify: hb.notify, OnCancel: hbCancel.notify, NotifyWithin: time.Minute})
+	b := teststore.OpenPG(t, schema, pgstore.Options{OnNotify: hb.notify, OnCancel: hbCancel.cancelled, NotifyWithin: time.Minute})
 	now := time.Now().UnixMilli()
 
 	x := storetest.Exchange(t, a, "/", "x")
@@ -58,10 +69,13 @@ func TestTwoNodes(t *testing.T) {
 	soon.MessageID = "id-soon"
 	storetest.Put(t, a, soon, later)
 	put := time.Now()
-	testwait.Until(t, 10*time.Second, "b hears of the message due soon", func() bool { _, ok := b.Exchange("/", "x"); _, heard := hb.has(soon.Key); return ok && heard })
-	at, _ := hb.has(soon.Key)
+	testwait.Until(t, 10*time.Second, "b hears of the message due soon", func() bool { _, ok := b.Exchange("/", "x"); _, _, heard := hb.has(soon.Key); return ok && heard })
+	at, part, _ := hb.has(soon.Key)
 	t.Logf("announced to the other node %v after Put returned", at.Sub(put))
-	if _, ok := hb.has(later.Key); ok {
+	if want := pgstore.PartitionOf(x.Incarnation); part != want {
+		t.Errorf("announced in partition %d, want %d", part, want)
+	}
+	if _, _, ok := hb.has(later.Key); ok {
 		t.Error("b heard of a message due beyond NotifyWithin")
 	}
 	if got := storetest.Bodies(t, b, []store.Key{soon.Key, later.Key}); !slices.Equal(got, []string{"soon", "later"}) {
@@ -87,8 +101,8 @@ func TestTwoNodes(t *testing.T) {
 	if got := storetest.Bodies(t, b, []store.Key{soon.Key}); got[0] != "<nil>" {
 		t.Fatalf("b still reads the message a cancelled: %q", got)
 	}
-	testwait.Until(t, 10*time.Second, "b hears of the cancel", func() bool { _, ok := hbCancel.has(soon.Key); return ok })
-	if _, ok := hbCancel.has(later.Key); ok {
+	testwait.Until(t, 10*time.Second, "b hears of the cancel", func() bool { _, _, ok := hbCancel.has(soon.Key); return ok })
+	if _, _, ok := hbCancel.has(later.Key); ok {
 		t.Error("b heard of a cancel of a message due beyond NotifyWithin")
 	}
 

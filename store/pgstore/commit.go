@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -31,14 +32,26 @@ type commit struct {
 	refused map[*request]error // Puts refused by the registry: not in the transaction
 
 	written, deleted int
-	counts           map[uint64]int64 // stored messages per incarnation, the change
-	tally            map[int64]int64  // stored messages per due minute, the change
-	notify           []store.Key      // keys due soon, announced at commit
-	cancelled        []store.Key      // keys due soon cancelled, announced at commit
+	counts           map[uint64]int64   // stored messages per incarnation, the change
+	tally            map[tallyRow]int64 // stored messages per due minute and partition, the change
+	notify           []Announced        // keys due soon, announced at commit
+	cancelled        []Announced        // keys due soon cancelled, announced at commit
+}
+
+// tallyRow is a row of the tally: a due minute, and the shard that says
+// the partition (partition * shards + the committer's shard).
+type tallyRow struct {
+	minute int64
+	shard  int16
+}
+
+// tallyOf is the row of the tally this commit counts a message in.
+func (c *commit) tallyOf(due int64, inc uint64) tallyRow {
+	return tallyRow{due / 60_000, int16(PartitionOf(inc))*shards + c.shard}
 }
 
 func newCommit(s *Store, reqs []*request, shard int16) *commit {
-	return &commit{s: s, shard: shard, reqs: reqs, refused: map[*request]error{}, counts: map[uint64]int64{}, tally: map[int64]int64{}}
+	return &commit{s: s, shard: shard, reqs: reqs, refused: map[*request]error{}, counts: map[uint64]int64{}, tally: map[tallyRow]int64{}}
 }
 
 // errNotLive is the SQLSTATE S.require_live raises.
@@ -130,7 +143,7 @@ func (c *commit) runTx(ctx context.Context) error {
 func (c *commit) removed(k store.Key, inc uint64) {
 	c.deleted++
 	c.counts[inc]--
-	c.tally[k.Due()/60_000]--
+	c.tally[c.tallyOf(k.Due(), inc)]--
 }
 
 // cancels runs the cancel requests, each its own statement: each wants to
@@ -167,7 +180,7 @@ func (c *commit) cancels(ctx context.Context, tx pgx.Tx) error {
 			if live {
 				r.cancelled = append(r.cancelled, k)
 				if c.s.opts.NotifyWithin >= 0 && k.Due() < c.s.opts.Now().Add(c.s.opts.NotifyWithin).UnixMilli() {
-					c.cancelled = append(c.cancelled, k)
+					c.cancelled = append(c.cancelled, Announced{k, PartitionOf(inc)})
 				}
 			}
 			return nil
@@ -277,9 +290,9 @@ func (c *commit) queuePuts(b *pgx.Batch, reqs []*request) {
 			cols.add(m)
 			c.written++
 			c.counts[m.Incarnation]++
-			c.tally[m.Due/60_000]++
+			c.tally[c.tallyOf(m.Due, m.Incarnation)]++
 			if c.s.opts.NotifyWithin >= 0 && m.Due < soon {
-				c.notify = append(c.notify, m.Key)
+				c.notify = append(c.notify, Announced{m.Key, PartitionOf(m.Incarnation)})
 			}
 		}
 	}
@@ -300,12 +313,13 @@ func (c *commit) queueCounts(b *pgx.Batch) {
 			SELECT i, $3, n FROM unnest($1::bigint[], $2::bigint[]) AS u(i, n)
 			ON CONFLICT (incarnation, shard) DO UPDATE SET n = S.counts.n + EXCLUDED.n`), incs, ns, c.shard)
 	}
-	if minutes, ns := sortedDeltas(c.tally); len(minutes) > 0 {
+	if minutes, tshards, ns := c.tallyDeltas(); len(minutes) > 0 {
 		b.Queue(sql(s.schema, `INSERT INTO S.tally (minute, shard, n)
-			SELECT m, $3, n FROM unnest($1::bigint[], $2::bigint[]) AS u(m, n)
-			ON CONFLICT (minute, shard) DO UPDATE SET n = S.tally.n + EXCLUDED.n`), minutes, ns, c.shard)
+			SELECT m, s, n FROM unnest($1::bigint[], $2::smallint[], $3::bigint[]) AS u(m, s, n)
+			ON CONFLICT (minute, shard) DO UPDATE SET n = S.tally.n + EXCLUDED.n`), minutes, tshards, ns)
 		if slices.ContainsFunc(ns, func(n int64) bool { return n < 0 }) { // only a decrement can empty a row
-			b.Queue(sql(s.schema, `DELETE FROM S.tally WHERE shard = $1 AND minute = ANY($2) AND n = 0`), c.shard, minutes)
+			b.Queue(sql(s.schema, `DELETE FROM S.tally t USING unnest($1::bigint[], $2::smallint[]) AS u(m, s)
+				WHERE t.minute = u.m AND t.shard = u.s AND t.n = 0`), minutes, tshards)
 		}
 	}
 	if len(c.notify) > 0 {
@@ -331,17 +345,38 @@ func sortedDeltas[K uint64 | int64](m map[K]int64) (keys []int64, deltas []int64
 	return keys, deltas
 }
 
-// notifyPayloads packs keys, hex-encoded after the sending node's id, into
-// payloads PostgreSQL accepts: "node key key ...".
-func notifyPayloads(node string, keys []store.Key) []string {
+// tallyDeltas lists the non-zero changes of the tally in row order (the
+// order concurrent commits lock them in).
+func (c *commit) tallyDeltas() (minutes []int64, tshards []int16, deltas []int64) {
+	rows := make([]tallyRow, 0, len(c.tally))
+	for r, d := range c.tally {
+		if d != 0 {
+			rows = append(rows, r)
+		}
+	}
+	slices.SortFunc(rows, func(a, b tallyRow) int {
+		return cmp.Or(cmp.Compare(a.minute, b.minute), cmp.Compare(a.shard, b.shard))
+	})
+	for _, r := range rows {
+		minutes, tshards, deltas = append(minutes, r.minute), append(tshards, r.shard), append(deltas, c.tally[r])
+	}
+	return minutes, tshards, deltas
+}
+
+// notifyPayloads packs keys, each as its partition and the key in hex,
+// after the sending node's id, into payloads PostgreSQL accepts:
+// "node p.key p.key ...".
+func notifyPayloads(node string, keys []Announced) []string {
 	var out []string
 	var sb strings.Builder
-	for _, k := range keys {
+	for _, a := range keys {
 		if sb.Len() == 0 {
 			sb.WriteString(node)
 		}
 		sb.WriteByte(' ')
-		sb.WriteString(hex.EncodeToString(k[:]))
+		sb.WriteString(strconv.Itoa(a.Partition))
+		sb.WriteByte('.')
+		sb.WriteString(hex.EncodeToString(a.Key[:]))
 		if sb.Len() > notifyPayloadMax {
 			out = append(out, sb.String())
 			sb.Reset()

@@ -1,9 +1,9 @@
 // Package pgstore is the store contract (package store) on a PostgreSQL
 // database that several delayproxy nodes share: cluster mode. Every node
 // takes delayed publishes into it; the node that holds the releaser role
-// (a lease, elsewhere) loads, releases and deletes them. Open, Options,
-// Stats, Check and CheckSchema are its own; everything else is
-// store.Store.
+// of a message's partition (a lease, elsewhere) loads, releases and
+// deletes it. Open, Options, Stats, Check, CheckSchema, View and the
+// partitions are its own; everything else is store.Store.
 //
 // # Tables
 //
@@ -18,9 +18,12 @@
 //	            routing_key, mandatory, properties, body, delay, priority,
 //	            message_id
 //	              index (incarnation, k)          List, Counts' NextDue
+//	              index ((incarnation % 8), k)    a View's ScanKeys, NextDue
+//	              (schema version 2)
 //	              index (vhost, exchange, message_id) WHERE message_id <> ''   Cancel
 //	counts      (incarnation, shard) PK, n      stored messages per incarnation
-//	tally       (minute, shard) PK, n           stored messages per due minute
+//	tally       (minute, shard) PK, n           stored messages per due minute;
+//	            shard = partition * 16 + the committer's shard (version 2)
 //	message_seq sequence, INCREMENT BY 1024     a node takes 1024 keys per nextval
 //
 // # Invariants
@@ -50,6 +53,17 @@
 //   - Open reads the registry and nothing else (invariant 6); memory holds
 //     the registry only (invariant 5).
 //
+// # Partitions
+//
+// The messages are divided into Partitions (8) partitions by their
+// exchange's incarnation (PartitionOf: incarnation % 8), so that all the
+// messages of one exchange are in one partition. The releaser role is
+// held per partition (package lease); the node holding a set of
+// partitions runs its Scheduler on View(set): the store whose ScanKeys,
+// NextDue, Upcoming and Get see only those partitions, each read on the
+// index messages_partition (never a scan of the table). The admin API
+// reads the whole store.
+//
 // # Group commit
 //
 // One writer goroutine takes the first queued request (Put, Delete,
@@ -66,11 +80,13 @@
 // # Notifications
 //
 // A Put announces, in its transaction (delivered at commit), the keys of
-// its messages due within Options.NotifyWithin on channel <schema>_keys;
-// registry changes notify <schema>_registry. Each store listens on its own
-// connection: registry notifications reload the cache, keys go to
-// Options.OnNotify (the scheduler's Announced). The listener reloads the
-// registry every Options.ReloadInterval and after a reconnect, and then
+// its messages due within Options.NotifyWithin, each with its partition
+// ("node p.key p.key ..."), on channel <schema>_keys; registry changes
+// notify <schema>_registry. Each store listens on its own connection:
+// registry notifications reload the cache, keys go to Options.OnNotify
+// (the scheduler of the node holding their partition). The listener
+// reloads the registry every Options.ReloadInterval and after a
+// reconnect, and then
 // calls Options.OnMissed (the scheduler rescans its horizon), the
 // backstops of a notification missed.
 //

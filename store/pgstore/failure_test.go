@@ -11,7 +11,6 @@ import (
 
 	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/internal/testwait"
-	"github.com/delayproxy/delayproxy/store"
 	"github.com/delayproxy/delayproxy/store/pgstore"
 	"github.com/delayproxy/delayproxy/store/storetest"
 )
@@ -66,7 +65,7 @@ func TestConnectionsKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Close() })
-	teststore.OpenPG(t, schema, pgstore.Options{OnNotify: func(keys []store.Key) { heard.Add(int64(len(keys))) }})
+	teststore.OpenPG(t, schema, pgstore.Options{OnNotify: func(keys []pgstore.Announced) { heard.Add(int64(len(keys))) }})
 	d := storetest.Exchange(t, a, "/", "x")
 	exec(t, fmt.Sprintf("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '%s'", app))
 	testwait.Until(t, 20*time.Second, "the listener reconnects and reports it", func() bool { return missed.Load() > 0 })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"strconv"
 	"strings"
 	"time"
 
@@ -106,21 +107,33 @@ func (s *Store) notified(ctx context.Context, channel, payload string) {
 		}
 	case s.channel(cancelChannel):
 		if s.opts.OnCancel != nil && len(keys) > 0 {
-			s.opts.OnCancel(keys)
+			cancelled := make([]store.Key, len(keys))
+			for i, a := range keys {
+				cancelled[i] = a.Key
+			}
+			s.opts.OnCancel(cancelled)
 		}
 	}
 }
 
 // parsePayload reads a payload notifyPayloads wrote: the sending node's id,
-// then keys in hex, separated by spaces. Words that are not a key are
-// skipped.
-func parsePayload(payload string) (node string, keys []store.Key) {
+// then words "partition.key" (key in hex), separated by spaces. A word of
+// a key alone (an older node's) has partition -1; words that are not a
+// key, or whose partition is not one, are skipped.
+func parsePayload(payload string) (node string, keys []Announced) {
 	node, rest, _ := strings.Cut(payload, " ")
-	for _, h := range strings.Fields(rest) {
-		var k store.Key
-		if len(h) == 2*store.KeySize {
-			if _, err := hex.Decode(k[:], []byte(h)); err == nil {
-				keys = append(keys, k)
+	for _, w := range strings.Fields(rest) {
+		a := Announced{Partition: -1}
+		if p, h, ok := strings.Cut(w, "."); ok {
+			n, err := strconv.Atoi(p)
+			if err != nil || n < 0 || n >= Partitions || len(p) > 1 {
+				continue
+			}
+			a.Partition, w = n, h
+		}
+		if len(w) == 2*store.KeySize {
+			if _, err := hex.Decode(a.Key[:], []byte(w)); err == nil {
+				keys = append(keys, a)
 			}
 		}
 	}

@@ -41,10 +41,10 @@ type Options struct {
 	// node. Default 1m; negative: never.
 	NotifyWithin time.Duration
 	// OnNotify, when set, is called with the keys other nodes (and this
-	// one) announced: messages due soon, committed. It runs on the
-	// listener goroutine and must return quickly; it must not call the
-	// Store's write methods.
-	OnNotify func(keys []store.Key)
+	// one) announced, each with its partition: messages due soon,
+	// committed. It runs on the listener goroutine and must return
+	// quickly; it must not call the Store's write methods.
+	OnNotify func(keys []Announced)
 	// OnCancel, when set, is called with the keys of messages due before
 	// now+NotifyWithin that other nodes cancelled (by message-id or key),
 	// at their commit, so that the releasing node leaves out a message it

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -99,6 +100,11 @@ const scanChunk = 10_000
 // ScanKeys calls fn with the keys due in [from, until); see store.Store.
 // It reads them in chunks by key, so fn runs outside any statement.
 func (s *Store) ScanKeys(from, until int64, fn func(store.Key) error) error {
+	return s.scanKeys(nil, from, until, fn)
+}
+
+// scanKeys is ScanKeys over the partitions parts, nil: all.
+func (s *Store) scanKeys(parts []int64, from, until int64, fn func(store.Key) error) error {
 	if s.isClosed() {
 		return store.ErrClosed
 	}
@@ -109,13 +115,17 @@ func (s *Store) ScanKeys(from, until int64, fn func(store.Key) error) error {
 	if until == math.MaxInt64 {
 		hi = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	}
+	chunk := scanChunk
+	if parts != nil {
+		chunk = viewScanChunk
+	}
 	inclusive := true
 	for {
 		op := ">"
 		if inclusive {
 			op = ">="
 		}
-		keys, err := s.keyChunk(op, lo, hi)
+		keys, err := s.keyChunk(parts, op, lo, hi, chunk)
 		if err != nil {
 			return err
 		}
@@ -127,7 +137,7 @@ func (s *Store) ScanKeys(from, until int64, fn func(store.Key) error) error {
 				return err
 			}
 		}
-		if len(keys) < scanChunk {
+		if len(keys) < chunk {
 			return nil
 		}
 		last := keys[len(keys)-1]
@@ -135,11 +145,19 @@ func (s *Store) ScanKeys(from, until int64, fn func(store.Key) error) error {
 	}
 }
 
-// keyChunk reads up to scanChunk keys k with k op lo and k < hi, in order.
-func (s *Store) keyChunk(op string, lo, hi []byte) ([]store.Key, error) {
+// keyChunk reads up to chunk keys k of the partitions parts (nil: all)
+// with k op lo and k < hi, in order. Over partitions, each partition's
+// keys are read in order on the index messages_partition, up to chunk,
+// and the first chunk of them all kept.
+func (s *Store) keyChunk(parts []int64, op string, lo, hi []byte, chunk int) ([]store.Key, error) {
 	ctx, cancel := readCtx()
 	defer cancel()
-	rows, err := s.pool.Query(ctx, sql(s.schema, `SELECT k FROM S.messages WHERE k `+op+` $1 AND k < $2 ORDER BY k LIMIT $3`), lo, hi, scanChunk)
+	q, args := `SELECT k FROM S.messages WHERE k `+op+` $1 AND k < $2 ORDER BY k LIMIT $3`, []any{lo, hi, chunk}
+	if parts != nil {
+		q = strings.Replace(viewChunkSQL, ">=", op, 1)
+		args = append(args, parts)
+	}
+	rows, err := s.pool.Query(ctx, sql(s.schema, q), args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: scan: %w", err)
 	}
@@ -158,13 +176,18 @@ func (s *Store) keyChunk(op string, lo, hi []byte) ([]store.Key, error) {
 
 // NextDue is the due time of the earliest stored message; see store.Store.
 func (s *Store) NextDue() (int64, bool) {
+	return s.nextDue(`SELECT k FROM S.messages ORDER BY k LIMIT 1`)
+}
+
+// nextDue runs q, which reads the first key of some messages, with args.
+func (s *Store) nextDue(q string, args ...any) (int64, bool) {
 	if s.isClosed() {
 		return 0, false
 	}
 	ctx, cancel := readCtx()
 	defer cancel()
 	var kb []byte
-	err := s.pool.QueryRow(ctx, sql(s.schema, `SELECT k FROM S.messages ORDER BY k LIMIT 1`)).Scan(&kb)
+	err := s.pool.QueryRow(ctx, sql(s.schema, q), args...).Scan(&kb)
 	if errors.Is(err, pgx.ErrNoRows) || s.isClosed() {
 		return 0, false
 	}
@@ -297,6 +320,11 @@ func (s *Store) Counts() []store.ExchangeCount {
 // or after the last bound is the total (the count rows) less the rest, so
 // far-future messages cost nothing. Zeros when the database cannot be read.
 func (s *Store) Upcoming(bounds []int64) []int64 {
+	return s.upcoming(nil, bounds)
+}
+
+// upcoming is Upcoming over the partitions parts, nil: all.
+func (s *Store) upcoming(parts []int64, bounds []int64) []int64 {
 	out := make([]int64, len(bounds)+1)
 	first, last := int64(0), int64(0)
 	if len(bounds) > 0 {
@@ -304,10 +332,17 @@ func (s *Store) Upcoming(bounds []int64) []int64 {
 	}
 	ctx, cancel := readCtx()
 	defer cancel()
+	// The tally's shard says the partition; the counts' incarnation does.
+	tallyIn, countsIn, args := "", "", []any{first, last}
+	if parts != nil {
+		tallyIn = fmt.Sprintf(" AND shard / %d = ANY($3)", shards)
+		countsIn = " WHERE " + partitionSQL + " = ANY($3)"
+		args = append(args, parts)
+	}
 	rows, err := s.pool.Query(ctx, sql(s.schema, `
-		SELECT minute, sum(n)::bigint FROM S.tally WHERE minute >= $1 AND minute < $2 GROUP BY minute
-		UNION ALL SELECT -1, coalesce(sum(n), 0)::bigint FROM S.tally WHERE minute < $1
-		UNION ALL SELECT -2, coalesce(sum(n), 0)::bigint FROM S.counts`), first, last)
+		SELECT minute, sum(n)::bigint FROM S.tally WHERE minute >= $1 AND minute < $2`+tallyIn+` GROUP BY minute
+		UNION ALL SELECT -1, coalesce(sum(n), 0)::bigint FROM S.tally WHERE minute < $1`+tallyIn+`
+		UNION ALL SELECT -2, coalesce(sum(n), 0)::bigint FROM S.counts`+countsIn), args...)
 	if err != nil {
 		return out
 	}

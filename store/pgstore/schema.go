@@ -12,7 +12,7 @@ import (
 
 // schemaVersion is the version this code writes; Open migrates an older
 // schema up to it and refuses a newer one.
-const schemaVersion = 1
+const schemaVersion = 2
 
 // migrations[i] takes the schema from version i to i+1. "S." stands for the
 // schema's name. See doc.go for the tables drawn.
@@ -70,6 +70,17 @@ CREATE TABLE S.tally (
 	PRIMARY KEY (minute, shard)
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.05, autovacuum_vacuum_threshold = 1000);
 `,
+	// Version 2: the partitions of the releaser role (partition.go). The
+	// index serves a partition's scans in key order; the tally rows of a
+	// minute are kept per partition (shard = partition * 16 + the
+	// committer's shard), rebuilt here from the messages.
+	`
+CREATE INDEX messages_partition ON S.messages ((incarnation % 8), k);
+DELETE FROM S.tally;
+INSERT INTO S.tally (minute, shard, n)
+	SELECT (('x' || encode(substr(k, 1, 8), 'hex'))::bit(64)::bigint) / 60000, ((incarnation % 8) * 16)::smallint, count(*)
+	FROM S.messages GROUP BY 1, 2;
+`,
 }
 
 // sql puts the schema's name into a statement written with "S.".
@@ -79,6 +90,11 @@ func sql(schema, q string) string { return strings.ReplaceAll(q, "S.", schema+".
 // under a transaction-scoped advisory lock so that nodes starting together
 // migrate once.
 func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	return migrateTo(ctx, pool, schema, schemaVersion)
+}
+
+// migrateTo is migrate up to version target (tests make older schemas).
+func migrateTo(ctx context.Context, pool *pgxpool.Pool, schema string, target int) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -109,16 +125,16 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	case err != nil:
 		return err
 	}
-	if version > schemaVersion {
+	if version > target {
 		return fmt.Errorf("schema %s has version %d, newer than this delayproxy's %d: upgrade delayproxy", schema, version, schemaVersion)
 	}
-	for v := version; v < schemaVersion; v++ {
+	for v := version; v < target; v++ {
 		if _, err := tx.Exec(ctx, sql(schema, migrations[v])); err != nil {
 			return fmt.Errorf("migrate schema %s to version %d: %w", schema, v+1, err)
 		}
 	}
-	if version < schemaVersion {
-		if _, err := tx.Exec(ctx, sql(schema, `UPDATE S.schema_version SET version = $1`), schemaVersion); err != nil {
+	if version < target {
+		if _, err := tx.Exec(ctx, sql(schema, `UPDATE S.schema_version SET version = $1`), target); err != nil {
 			return err
 		}
 	}
