@@ -146,7 +146,7 @@ func (s *Scheduler) refill(now time.Time) {
 func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits chan<- published) {
 	defer close(waits)
 	publish := s.publishFunc()
-	fetched := make(chan *fetch, fetchAhead)
+	fetched := make(chan *fetch, s.maxCalls) // every batch in flight fits
 	s.wg.Go(func() { s.fetchLoop(jobs, fetched) })
 	timer := s.clock.NewTimer(maxSleep)
 	timer.Stop()
@@ -228,13 +228,13 @@ func (s *Scheduler) awaitDue(ctx context.Context, timer Timer, due int64) bool {
 	return true
 }
 
-// fetchAhead is how many dispatched batches are read from the store ahead
-// of the one being published. A store whose Get is a round trip to a
-// database (pgstore) would otherwise bound release to one batch per round
-// trip; the batches are small when release keeps up (what fell due since
-// the last turn). A message cancelled after its read is published anyway,
-// as one cancelled while it was being published.
-const fetchAhead = 4
+// maxGets is how many store reads of dispatched batches run at once. A
+// store whose Get is a round trip to a database (pgstore) would otherwise
+// bound release to one batch per round trip; the batches are small when
+// release keeps up (what fell due since the last turn, or one millisecond
+// of keys read ahead). A message cancelled after its read is published
+// anyway unless the cancel reaches the scheduler first (withdrawn).
+const maxGets = 4
 
 // fetch is one dispatched batch being read from the store.
 type fetch struct {
@@ -245,16 +245,21 @@ type fetch struct {
 }
 
 // fetchLoop starts the store read of each dispatched batch as it comes,
-// up to fetchAhead+2 at once, and hands them on in dispatch order.
+// maxGets at once, and hands them on in dispatch order. It never waits
+// for publishLoop, which holds a batch read ahead until it falls due: the
+// reads of the batches behind it go on meanwhile.
 func (s *Scheduler) fetchLoop(jobs <-chan batchJob, fetched chan<- *fetch) {
 	defer close(fetched)
+	gets := make(chan struct{}, maxGets)
 	for job := range jobs {
 		f := &fetch{job: job, done: make(chan struct{})}
+		gets <- struct{}{}
 		s.wg.Go(func() {
+			defer func() { <-gets }()
 			f.msgs, f.err = s.st.Get(job.keys)
 			close(f.done)
 		})
-		fetched <- f
+		fetched <- f // never blocks: it holds every batch in flight
 	}
 }
 
