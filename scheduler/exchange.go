@@ -144,7 +144,9 @@ func (s *Scheduler) answeredForExchangeDeletes(res releaseResult) {
 				req.confirmed++
 			}
 		}
-		delete(req.awaiting, res.seq)
+		if res.last {
+			delete(req.awaiting, res.seq)
+		}
 	}
 	s.completeExchangeDeletes()
 }

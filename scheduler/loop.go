@@ -131,7 +131,7 @@ func (s *Scheduler) nextWake(now time.Time) time.Duration {
 	if next, ok := s.w.Next(); ok && s.canDispatch() {
 		t := time.UnixMilli(next)
 		if s.w.due.n == 0 {
-			t = t.Add(-s.opts.ReadAhead) // dispatched ahead (expireAhead)
+			t = t.Add(-s.opts.ReadAhead / 2) // dispatched ahead (expireAhead)
 		}
 		if t.Before(s.holdUntil) {
 			t = s.holdUntil

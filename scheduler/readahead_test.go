@@ -51,9 +51,10 @@ func newReadAheadHarness(t *testing.T, ahead time.Duration) (*harness, *readTime
 }
 
 // With ReadAhead, a message is read from the store up to ReadAhead before
-// its due time and released at its due millisecond, never before (the
-// recorder fails the test on an early release), in release order among
-// those due together.
+// its due time (a batch starting once its first key is due within half of
+// it) and released at its due millisecond, never before (the recorder
+// fails the test on an early release), in release order among those due
+// together.
 func TestReadAheadReleasesAtDueTime(t *testing.T) {
 	h, rt := newReadAheadHarness(t, 50*time.Millisecond)
 	h.start()
@@ -69,9 +70,12 @@ func TestReadAheadReleasesAtDueTime(t *testing.T) {
 		unread   []string      // not read yet
 		released []string      // released by then, in order
 	}{
+		// A batch ahead starts once its first key is due within 25 ms,
+		// and takes the keys due within 50 ms.
 		{40 * time.Millisecond, nil, []string{"low@100", "m@120"}, nil},
-		{60 * time.Millisecond, []string{"low@100", "high@100"}, []string{"m@120", "m@300"}, nil},
-		{99 * time.Millisecond, []string{"m@120"}, []string{"m@300"}, nil},
+		{74 * time.Millisecond, nil, []string{"low@100", "m@120"}, nil},
+		{75 * time.Millisecond, []string{"low@100", "high@100", "m@120"}, []string{"m@300"}, nil},
+		{99 * time.Millisecond, nil, []string{"m@300"}, nil},
 		{100 * time.Millisecond, nil, []string{"m@300"}, inReleaseOrder(low, high)},
 		{120 * time.Millisecond, nil, []string{"m@300"}, append(inReleaseOrder(low, high), "m@120")},
 		{300 * time.Millisecond, []string{"m@300"}, nil, append(inReleaseOrder(low, high), "m@120", "m@300")},
@@ -87,7 +91,7 @@ func TestReadAheadReleasesAtDueTime(t *testing.T) {
 		}
 		for _, id := range st.unread {
 			if at, ok := rt.readAt(id); ok {
-				t.Fatalf("at +%v: %s read at +%d ms, more than 50 ms ahead", st.to, id, at)
+				t.Fatalf("at +%v: %s read at +%d ms, too far ahead", st.to, id, at)
 			}
 		}
 		h.wantReleased(st.released...)
@@ -109,7 +113,7 @@ func TestReadAheadCancelledAfterRead(t *testing.T) {
 	gone := h.put("gone@1500", 1500, 0)
 	kept := h.put("kept@1500", 1500, 0)
 
-	h.clk.Set(base.Add(1460 * time.Millisecond))
+	h.clk.Set(base.Add(1480 * time.Millisecond))
 	h.settle()
 	testwait.Until(t, 10*time.Second, "the batch to be read", func() bool {
 		_, ok := rt.readAt("gone@1500")
@@ -131,5 +135,25 @@ func TestReadAheadCancelledAfterRead(t *testing.T) {
 	}
 	if n := h.s.withdrawn.n.Load(); n != 0 {
 		t.Errorf("%d withdrawn keys left", n)
+	}
+}
+
+// A part read ahead is not published while releases are held for the
+// retry of an earlier part that was not confirmed: it goes back with it,
+// and the two are released in order after the backoff.
+func TestReadAheadHeldBehindARetry(t *testing.T) {
+	h, _ := newReadAheadHarness(t, 50*time.Millisecond)
+	h.opts.RetryBackoffMin = 100 * time.Millisecond
+	h.rel.confirm = func(m *store.Message, attempt int) bool { return m.MessageID != "a@100" || attempt > 1 }
+	h.put("a@100", 100, 0)
+	h.put("b@120", 120, 0)
+	h.start()
+	for _, at := range []time.Duration{75, 100, 120, 199, 200} {
+		h.clk.Set(base.Add(at * time.Millisecond))
+		h.settle()
+	}
+	h.wantReleased("a@100", "b@120")
+	if got, want := h.rel.batchIDs(), [][]string{{"a@100"}, {"a@100", "b@120"}}; !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("batches %v, want %v", got, want)
 	}
 }

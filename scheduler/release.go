@@ -32,13 +32,16 @@ type batchJob struct {
 	keys []store.Key
 }
 
-// releaseResult is what the pipeline reports to the loop for one batch.
+// releaseResult is what the pipeline reports to the loop for one part of
+// a batch: the keys published together (a batch read ahead goes out in
+// parts, as they fall due), with those found gone or stale before them.
 type releaseResult struct {
 	seq   uint64      // the batch's batchJob.seq
+	last  bool        // the batch's last part: the batch is answered
 	del   []store.Key // confirmed or stale: delete them
 	retry []store.Key // not confirmed: back into the wheel
 	gone  []store.Key // no longer in the store (cancelled)
-	n     int         // messages the batch held
+	n     int         // messages of the batch this part answers
 	acked int         // confirmed by RabbitMQ (in del)
 	err   error       // reading the store failed; every key is in retry
 	// releasedInc holds the exchange incarnation of each message RabbitMQ
@@ -88,9 +91,15 @@ func (s *Scheduler) dispatch(now time.Time) {
 // expireAhead appends to batch, up to n keys in all, the keys due within
 // ReadAhead after nowMs: one millisecond at a time, in due order, each
 // millisecond's keys in release order, so that publishLoop can publish a
-// batch's keys as each falls due. It stops while the wheel is behind (its
-// due queues hold keys): those go first, once due.
+// batch's keys as each falls due. A batch of keys not due yet starts only
+// once the next of them is due within half of ReadAhead, so that each
+// takes about half of ReadAhead's keys (one store read) rather than one
+// millisecond's. It stops while the wheel is behind (its due queues hold
+// keys): those go first, once due.
 func (s *Scheduler) expireAhead(nowMs int64, batch []store.Key, n int) []store.Key {
+	if next, ok := s.w.Next(); len(batch) == 0 && (!ok || next > nowMs+s.aheadMs/2) {
+		return batch
+	}
 	for len(batch) < n && s.w.due.n == 0 {
 		next, ok := s.w.Next()
 		if !ok || next > nowMs+s.aheadMs {
@@ -154,27 +163,29 @@ func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits
 	for f := range fetched {
 		<-f.done
 		keys := f.job.keys
-		res := releaseResult{seq: f.job.seq, n: len(keys)}
+		res := releaseResult{seq: f.job.seq}
 		if f.err != nil {
-			res.err, res.retry = f.err, keys
-			waits <- published{res: res, last: true}
+			res.err, res.retry, res.n, res.last = f.err, keys, len(keys), true
+			waits <- published{res: res}
 			continue
 		}
 		msgs := make([]*store.Message, 0, len(f.msgs))
 		for i, m := range f.msgs {
 			if m == nil {
 				res.gone = append(res.gone, keys[i])
+				res.n++
 			} else {
 				msgs = append(msgs, m)
 			}
 		}
-		sentLast := false
 		for len(msgs) > 0 {
-			if !s.awaitDue(ctx, timer, msgs[0].Key.Due()) {
+			// The first message is due, and releases are not held for a
+			// retry (a part read ahead must not overtake one that failed).
+			if !s.awaitDue(ctx, timer, msgs[0].Key.Due()) || s.clock.Now().UnixNano() < s.holdNs.Load() {
 				for _, m := range msgs {
 					res.retry = append(res.retry, m.Key)
 				}
-				msgs = nil
+				res.n += len(msgs)
 				break
 			}
 			nowMs := s.clock.Now().UnixMilli()
@@ -184,6 +195,7 @@ func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits
 			}
 			part := msgs[:i]
 			msgs = msgs[i:]
+			res.n += len(part)
 			live := make([]*store.Message, 0, len(part))
 			for _, m := range part {
 				switch {
@@ -200,14 +212,17 @@ func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits
 			}
 			wait := publish(ctx, live)
 			// A PipelinedReleaser has written the part by now; a plain
-			// Releaser has only been started. The part's outcome goes
-			// on at once; the batch's result with its last part.
-			sentLast = len(msgs) == 0
-			waits <- published{res: res, live: live, at: s.clock.Now(), wait: wait, last: sentLast}
+			// Releaser has only been started.
+			res.last = len(msgs) == 0
+			waits <- published{res: res, live: live, at: s.clock.Now(), wait: wait}
+			if res.last {
+				break
+			}
 			res = releaseResult{seq: res.seq}
 		}
-		if !sentLast {
-			waits <- published{res: res, last: true}
+		if !res.last {
+			res.last = true
+			waits <- published{res: res}
 		}
 	}
 }
@@ -265,36 +280,24 @@ func (s *Scheduler) fetchLoop(jobs <-chan batchJob, fetched chan<- *fetch) {
 
 // published is a part of a batch handed to the Releaser, awaiting its
 // confirms (none when live is empty), with what publishLoop found of the
-// batch since the previous part; last marks the batch's last part.
+// batch since the previous part.
 type published struct {
 	res  releaseResult
 	live []*store.Message
 	at   time.Time // when Publish returned
 	wait func() (confirmed []bool)
-	last bool
 }
 
 // confirmLoop is the release pipeline's second stage, one goroutine: it
 // awaits the confirms of each published part, in order, counts them and
-// reports each batch's result to the loop with its last part.
+// reports the part's result to the loop.
 func (s *Scheduler) confirmLoop(waits <-chan published) {
-	var res releaseResult // the batch's result so far
 	for p := range waits {
-		res.seq = p.res.seq
-		res.n += p.res.n
-		res.gone = append(res.gone, p.res.gone...)
-		res.del = append(res.del, p.res.del...)
-		res.retry = append(res.retry, p.res.retry...)
-		if p.res.err != nil {
-			res.err = p.res.err
-		}
+		res := p.res
 		if p.wait != nil {
 			s.confirmed(&res, p)
 		}
-		if p.last {
-			s.results <- res
-			res = releaseResult{}
-		}
+		s.results <- res
 	}
 }
 
@@ -344,9 +347,11 @@ func (s *Scheduler) publishFunc() func(ctx context.Context, batch []*store.Messa
 // pause.
 func (s *Scheduler) finish(res releaseResult) {
 	s.inflight -= res.n
-	s.calls--
+	if res.last {
+		s.calls--
+		delete(s.unanswered, res.seq)
+	}
 	s.prog.released += int64(res.acked)
-	delete(s.unanswered, res.seq)
 	s.withdrawn.forget(res.del)
 	s.withdrawn.forget(res.retry)
 	s.answeredForExchangeDeletes(res)
@@ -379,6 +384,7 @@ func (s *Scheduler) finish(res releaseResult) {
 		return
 	}
 	s.holdUntil = s.clock.Now().Add(s.backoff)
+	s.holdNs.Store(s.holdUntil.UnixNano())
 	if res.err == nil {
 		s.log.Warn("scheduler: releases not confirmed, retrying", "messages", len(res.retry), "backoff", s.backoff)
 	}

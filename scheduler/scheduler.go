@@ -195,6 +195,7 @@ type Scheduler struct {
 	withdrawn   withdrawnKeys          // cancelled after dispatch, before publish (ReadAhead)
 	backoff     time.Duration          // retry backoff after the next unconfirmed release
 	holdUntil   time.Time              // no release before this (retry backoff)
+	holdNs      atomic.Int64           // holdUntil in unix ns, for publishLoop: no part read ahead goes out before it
 	tokens      float64                // rate limiter bucket
 	tokensAt    time.Time              // when tokens was last refilled
 
