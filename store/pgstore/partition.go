@@ -81,12 +81,23 @@ func (v *View) holds(inc uint64) bool {
 // until), in key order; see store.Store. Each chunk reads each partition
 // in key order on the index messages_partition.
 func (v *View) ScanKeys(from, until int64, fn func(store.Key) error) error {
+	if v.all() {
+		return v.s.ScanKeys(from, until, fn) // one ordered read of the key index
+	}
 	return v.s.scanKeys(v.parts, from, until, fn)
 }
+
+// all reports whether the view holds every partition: it then reads as
+// the store does, on the primary key, rather than partition by partition
+// (each chunk would read up to Partitions times the keys it keeps).
+func (v *View) all() bool { return len(v.parts) == Partitions }
 
 // NextDue is the due time of the earliest message of the view's
 // partitions: one index probe per partition.
 func (v *View) NextDue() (int64, bool) {
+	if v.all() {
+		return v.s.NextDue()
+	}
 	return v.s.nextDue(viewNextDueSQL, v.parts)
 }
 
