@@ -33,6 +33,13 @@ type Store interface {
 	// equal due and priority); the caller must not touch msgs until Put
 	// returns.
 	Put(ctx context.Context, msgs ...*Message) error
+	// PutAsync is Put in two steps: it queues msgs for a group commit and
+	// returns, and wait returns what Put would once they are durable (or
+	// ctx ended). Calls made one after another queue in that order, so
+	// their messages take sequences in that order: one goroutine may have
+	// several PutAsync in flight and keep publish order. Keys are set by
+	// the time wait returns; the caller must not touch msgs before.
+	PutAsync(ctx context.Context, msgs ...*Message) (wait func() error)
 	// Get reads messages by key: one result per key, nil for a key that is
 	// not stored (deleted, cancelled, never stored). Stale messages are
 	// returned; the caller asks Stale.

@@ -53,9 +53,11 @@
 //     deleted or re-created meanwhile is refused by the store, never filed
 //     under the new one.
 //   - One storer goroutine per connection stores its publishes in the order
-//     the client sent them, batching what queued up during the previous
-//     commit, so equal due times keep publish order (invariant 4). Its
-//     queue is bounded; reading from the client stops while it is full.
+//     the client sent them, batching what queued up while its Puts (two at
+//     most) were in flight. It queues each Put to the store itself
+//     (PutAsync), so a later Put's messages take later sequences and equal
+//     due times keep publish order (invariant 4). Its queue is bounded;
+//     reading from the client stops while it is full.
 //   - Due times are the publish time rounded up to the millisecond plus
 //     x-delay (DueAt), then up to a multiple of Config.ReleaseWindow when
 //     one is set (windowDue), so no release is ever early as seen from the

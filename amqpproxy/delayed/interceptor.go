@@ -22,11 +22,13 @@ type Store interface {
 	// PutExchange records a delayed exchange durably and sets
 	// def.Incarnation.
 	PutExchange(ctx context.Context, def *store.ExchangeDef) error
-	// Put stores msgs durably: it returns nil only once they are fsync'd.
-	// Each message carries the Incarnation of the registry record it was
-	// published under; a message whose exchange is gone or re-created
-	// since fails the whole Put with store.ErrUnknownExchange.
-	Put(ctx context.Context, msgs ...*store.Message) error
+	// PutAsync queues msgs to be stored durably and returns; wait returns
+	// nil only once they are fsync'd. Calls made one after another take
+	// sequences in that order (publish order). Each message carries the
+	// Incarnation of the registry record it was published under; a
+	// message whose exchange is gone or re-created since fails the whole
+	// Put with store.ErrUnknownExchange.
+	PutAsync(ctx context.Context, msgs ...*store.Message) (wait func() error)
 	// CancelKey removes one stored message.
 	CancelKey(ctx context.Context, key store.Key) (bool, error)
 }

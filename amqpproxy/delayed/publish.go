@@ -196,8 +196,10 @@ const putsInFlight = 2
 
 // storer stores the connection's delayed publishes in the order they came,
 // each Put taking whatever queued up while the Puts in flight committed
-// (up to the whole queue), and answers them. Confirms may then go out of
-// order between two Puts, as RabbitMQ's own may between queues.
+// (up to the whole queue), and answers them. It queues each Put itself
+// (PutAsync), so a later Put's messages take later sequences and equal due
+// times keep publish order; confirms may go out of order between two
+// Puts, as RabbitMQ's may between queues.
 func (h *connHooks) storer() {
 	defer h.i.wg.Done()
 	var puts sync.WaitGroup
@@ -218,21 +220,22 @@ func (h *connHooks) storer() {
 				break more
 			}
 		}
+		msgs := make([]*store.Message, len(batch))
+		for i, j := range batch {
+			msgs[i] = j.msg
+		}
+		wait := h.i.cfg.Store.PutAsync(h.i.ctx, msgs...)
 		puts.Go(func() {
 			defer func() { <-slots }()
-			h.store(batch)
+			h.answer(batch, msgs, wait())
 		})
 	}
 }
 
-// store stores one batch of publishes and answers them: an ack once
-// durable, else a nack (or the channel closed, without confirms).
-func (h *connHooks) store(batch []*job) {
-	msgs := make([]*store.Message, len(batch))
-	for i, j := range batch {
-		msgs[i] = j.msg
-	}
-	if err := h.i.cfg.Store.Put(h.i.ctx, msgs...); err != nil {
+// answer answers one batch of publishes once its Put returned err: an ack
+// each when stored, else a nack (or the channel closed, without confirms).
+func (h *connHooks) answer(batch []*job, msgs []*store.Message, err error) {
+	if err != nil {
 		h.i.cfg.Logger.Error("cannot store delayed messages", "vhost", h.c.VHost, "n", len(msgs), "err", err)
 		for _, j := range batch {
 			h.i.cfg.Metrics.Refused(metrics.RefusedStoreError)
@@ -255,7 +258,7 @@ func (h *connHooks) store(batch []*job) {
 // if RabbitMQ does not commit, the stored messages are cancelled.
 func (h *connHooks) commit(call *amqpproxy.Call, msgs []*store.Message) {
 	st := h.i.cfg.Store
-	if err := st.Put(h.i.ctx, msgs...); err != nil {
+	if err := st.PutAsync(h.i.ctx, msgs...)(); err != nil {
 		h.i.cfg.Metrics.Refused(metrics.RefusedStoreError)
 		h.i.cfg.Logger.Error("cannot store delayed messages at tx.commit", "vhost", h.c.VHost, "n", len(msgs), "err", err)
 		call.CloseChannel(wire.ResourceError, "cannot store delayed messages: "+err.Error())

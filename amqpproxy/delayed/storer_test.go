@@ -2,7 +2,6 @@ package delayed_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,13 +19,12 @@ import (
 func TestSecondPutWhileTheFirstCommits(t *testing.T) {
 	t.Parallel()
 	entered, release := make(chan struct{}, 1), make(chan struct{})
-	var calls atomic.Int32
-	w := &storeWrapper{put: func(ctx context.Context, st delayed.Store, msgs ...*store.Message) error {
-		if calls.Add(1) == 1 {
+	w := &storeWrapper{wait: func(msgs []*store.Message, answer func() error) error {
+		if msgs[0].MessageID == "first" {
 			entered <- struct{}{}
 			<-release
 		}
-		return st.Put(ctx, msgs...)
+		return answer()
 	}}
 	r := startWireRelay(t, testbroker.Default(t), delayed.Config{Store: w}, amqpproxy.Config{})
 	ex, _ := r.declare(t)

@@ -42,15 +42,17 @@ type wireRelay struct {
 	b    testbroker.Broker
 }
 
-// storeWrapper stands between the interceptor and the relay's store; its
-// Put is the test's (Put calls the store's).
+// storeWrapper stands between the interceptor and the relay's store: each
+// Put is queued to the store, and its answer goes through wait, the
+// test's.
 type storeWrapper struct {
 	delayed.Store
-	put func(ctx context.Context, st delayed.Store, msgs ...*store.Message) error
+	wait func(msgs []*store.Message, answer func() error) error
 }
 
-func (w *storeWrapper) Put(ctx context.Context, msgs ...*store.Message) error {
-	return w.put(ctx, w.Store, msgs...)
+func (w *storeWrapper) PutAsync(ctx context.Context, msgs ...*store.Message) func() error {
+	answer := w.Store.PutAsync(ctx, msgs...)
+	return func() error { return w.wait(msgs, answer) }
 }
 
 // startWireRelay starts a relay in front of b with the given settings (the

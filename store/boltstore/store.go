@@ -137,20 +137,31 @@ func (s *Store) view(fn func(*bolt.Tx) error) error {
 // do hands r to the writer and waits for its commit. When ctx ends first, do
 // returns ctx.Err() and r may or may not be committed.
 func (s *Store) do(ctx context.Context, r *request) error {
+	if err := s.enqueue(ctx, r); err != nil {
+		return err
+	}
+	return s.await(ctx, r)
+}
+
+// enqueue queues r for the writer.
+func (s *Store) enqueue(ctx context.Context, r *request) error {
 	r.ctx = ctx
 	r.done = make(chan struct{})
 	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
 	if s.closed {
-		s.closeMu.RUnlock()
 		return store.ErrClosed
 	}
 	select {
 	case s.reqs <- r:
+		return nil
 	case <-ctx.Done():
-		s.closeMu.RUnlock()
 		return ctx.Err()
 	}
-	s.closeMu.RUnlock()
+}
+
+// await waits for the writer's answer to r, queued by enqueue.
+func (s *Store) await(ctx context.Context, r *request) error {
 	select {
 	case <-r.done:
 		return r.err

@@ -17,20 +17,39 @@ import (
 // flight, and a caller waits only for the commit holding its messages. Due
 // times must lie in [0, 2^62).
 func (s *Store) Put(ctx context.Context, msgs ...*store.Message) error {
+	return s.PutAsync(ctx, msgs...)()
+}
+
+// PutAsync implements store.Store: the messages take their sequences and
+// their request is queued to the writer before it returns.
+func (s *Store) PutAsync(ctx context.Context, msgs ...*store.Message) (wait func() error) {
+	r, err := s.queuePut(ctx, msgs)
+	switch {
+	case err != nil:
+		return func() error { return err }
+	case r == nil:
+		return func() error { return nil }
+	}
+	return func() error { return s.await(ctx, r) }
+}
+
+// queuePut checks msgs, gives them their keys and queues their request
+// (nil when there are no messages).
+func (s *Store) queuePut(ctx context.Context, msgs []*store.Message) (*request, error) {
 	if len(msgs) == 0 {
-		return nil
+		return nil, nil
 	}
 	s.mu.RLock()
 	for _, m := range msgs {
 		if k, ok := s.liveInc[m.Incarnation]; !ok || k.vhost != m.VHost || k.name != m.Exchange {
 			s.mu.RUnlock()
-			return fmt.Errorf("%w: %q in vhost %q (incarnation %d)", store.ErrUnknownExchange, m.Exchange, m.VHost, m.Incarnation)
+			return nil, fmt.Errorf("%w: %q in vhost %q (incarnation %d)", store.ErrUnknownExchange, m.Exchange, m.VHost, m.Incarnation)
 		}
 	}
 	s.mu.RUnlock()
 	for _, m := range msgs {
 		if m.Due < 0 || m.Due >= maxDue {
-			return fmt.Errorf("%w: due time %d ms out of range", store.ErrInvalidMessage, m.Due)
+			return nil, fmt.Errorf("%w: due time %d ms out of range", store.ErrInvalidMessage, m.Due)
 		}
 	}
 	items := make([]putItem, len(msgs))
@@ -40,14 +59,15 @@ func (s *Store) Put(ctx context.Context, msgs ...*store.Message) error {
 		m.Key = store.MakeKey(m.Due, m.Priority, seq+uint64(i))
 		v := encodeMessage(m)
 		if int64(len(v)) > bolt.MaxValueSize {
-			return fmt.Errorf("%w: %d bytes encoded", store.ErrInvalidMessage, len(v))
+			return nil, fmt.Errorf("%w: %d bytes encoded", store.ErrInvalidMessage, len(v))
 		}
 		items[i].key, items[i].val = m.Key, v
 		if m.MessageID != "" {
 			items[i].id = idKey([]byte(m.VHost), []byte(m.Exchange), []byte(m.MessageID), m.Key)
 		}
 	}
-	return s.do(ctx, &request{kind: opPut, puts: items})
+	r := &request{kind: opPut, puts: items}
+	return r, s.enqueue(ctx, r)
 }
 
 // Delete removes the messages with these keys in one group commit (the

@@ -49,17 +49,30 @@ func (r *request) size() int { return len(r.msgs) + len(r.keys) + 1 }
 
 // submit queues r for the writer and waits for its commit or ctx.
 func (s *Store) submit(ctx context.Context, r *request) error {
+	if err := s.enqueue(ctx, r); err != nil {
+		return err
+	}
+	return s.await(ctx, r)
+}
+
+// enqueue queues r for the writer; requests queued one after another are
+// taken in that order.
+func (s *Store) enqueue(ctx context.Context, r *request) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	r.ctx, r.done = ctx, make(chan error, 1)
 	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
 	if s.closed {
-		s.closeMu.RUnlock()
 		return store.ErrClosed
 	}
 	s.reqs <- r
-	s.closeMu.RUnlock()
+	return nil
+}
+
+// await waits for the answer to r, queued by enqueue.
+func (s *Store) await(ctx context.Context, r *request) error {
 	select {
 	case err := <-r.done:
 		return err

@@ -12,15 +12,26 @@ const maxDue = int64(1) << 62
 
 // Put stores msgs in the next group commit; see store.Store.
 func (s *Store) Put(ctx context.Context, msgs ...*store.Message) error {
+	return s.PutAsync(ctx, msgs...)()
+}
+
+// PutAsync implements store.Store: the request is queued to the writer,
+// which gives sequences in queue order, before it returns.
+func (s *Store) PutAsync(ctx context.Context, msgs ...*store.Message) (wait func() error) {
 	for _, m := range msgs {
 		if m.Due < 0 || m.Due > maxDue {
-			return fmt.Errorf("%w: due time %d ms out of range", store.ErrInvalidMessage, m.Due)
+			err := fmt.Errorf("%w: due time %d ms out of range", store.ErrInvalidMessage, m.Due)
+			return func() error { return err }
 		}
 	}
 	if len(msgs) == 0 {
-		return nil
+		return func() error { return nil }
 	}
-	return s.submit(ctx, &request{kind: opPut, msgs: msgs})
+	r := &request{kind: opPut, msgs: msgs}
+	if err := s.enqueue(ctx, r); err != nil {
+		return func() error { return err }
+	}
+	return func() error { return s.await(ctx, r) }
 }
 
 // Delete removes keys in the next group commit; see store.Store.

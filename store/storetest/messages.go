@@ -27,6 +27,7 @@ func testReleaseOrder(t *testing.T, h *harness) {
 	for i, tc := range []struct {
 		name   string
 		scanAt int64 // ScanKeys(0, base+scanAt) before publishing (0: none)
+		async  bool  // every message by PutAsync, then every wait
 		msgs   []in
 		want   []string
 	}{
@@ -44,6 +45,12 @@ func testReleaseOrder(t *testing.T, h *harness) {
 			name: "equal due and priority keep publish order",
 			msgs: []in{{1000, 5, "first"}, {1000, 5, "second"}, {1000, 5, "third"}},
 			want: []string{"first", "second", "third"},
+		},
+		{
+			name:  "PutAsync calls in flight together keep call order",
+			async: true,
+			msgs:  []in{{1000, 5, "a1"}, {1000, 5, "a2"}, {1000, 5, "a3"}, {1000, 5, "a4"}, {1000, 5, "a5"}},
+			want:  []string{"a1", "a2", "a3", "a4", "a5"},
 		},
 		{
 			name: "due before priority",
@@ -66,8 +73,20 @@ func testReleaseOrder(t *testing.T, h *harness) {
 			if tc.scanAt != 0 {
 				h.keys(0, day+tc.scanAt)
 			}
+			var waits []func() error
 			for _, m := range tc.msgs {
-				h.put(msg("x", day+m.due, m.prio, m.body))
+				if tc.async {
+					am := msg("x", day+m.due, m.prio, m.body)
+					am.Incarnation = h.exchange("/", "x").Incarnation
+					waits = append(waits, h.s.PutAsync(context.Background(), am))
+				} else {
+					h.put(msg("x", day+m.due, m.prio, m.body))
+				}
+			}
+			for _, wait := range waits {
+				if err := wait(); err != nil {
+					t.Fatalf("PutAsync: %v", err)
+				}
 			}
 			keys := h.keys(day, day+24*hour)
 			if got := h.bodies(keys); !slices.Equal(got, tc.want) {
