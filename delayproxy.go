@@ -234,13 +234,6 @@ const MaxReleasesInFlight = 4096
 // docs/scheduler.md has the measurements behind the value.
 const ReleaseDeleteLinger = 20 * time.Millisecond
 
-// ReleaseReadAhead is how long before its due time a message is read from
-// the store for its release (scheduler.Options.ReadAhead): the read, a
-// round trip to PostgreSQL in cluster mode, is then over when the message
-// falls due, and only the publish is left. A cancel on another node less
-// than this before the due time may come too late.
-const ReleaseReadAhead = 50 * time.Millisecond
-
 // registryFunc is a registry lookup as the releaser takes it.
 type registryFunc func(vhost, name string) (store.ExchangeDef, bool)
 

@@ -268,7 +268,6 @@ func (p *Proxy) newReleasing(ctx context.Context, st store.Store, pg *pgstore.St
 			// throughput is not one batch per confirm round trip.
 			MaxInFlight:  MaxReleasesInFlight,
 			DeleteLinger: ReleaseDeleteLinger,
-			ReadAhead:    ReleaseReadAhead,
 			Rescan:       p.rescan(),
 			Logger:       p.log.With("room", "scheduler"),
 			Metrics:      m,

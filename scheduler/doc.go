@@ -7,8 +7,7 @@
 // horizon advances (the loader), and hands due messages to a Releaser
 // through a release pipeline, then deletes what RabbitMQ confirmed. The
 // store is the truth: the scheduler holds keys, never messages, and reads
-// each message from the store when it releases it (Options.ReadAhead
-// before its due time at most, and holds it until then).
+// each message from the store when it releases it.
 //
 // Run releases until its context ends. Added (after a Put) and Cancelled
 // (after a delete) tell a running scheduler what changed; they never block
@@ -21,9 +20,8 @@
 // delayproxy):
 //
 //   - Never early (invariant 3): a message goes to the Releaser only once
-//     the clock's wall time has reached its due millisecond, also when it
-//     was read ahead. Timers decide when the loop looks, never what it
-//     releases. If the wall clock goes
+//     the clock's wall time has reached its due millisecond. Timers decide
+//     when the loop looks, never what it releases. If the wall clock goes
 //     back, nothing is released until it reaches each due time again.
 //   - Release order (invariant 4): among the messages that are due, the
 //     highest priority first, then the earliest due, then publish order.
@@ -64,7 +62,6 @@
 // The files follow the parts: wheel.go and due.go (the Wheel and its queues
 // of due keys), clock.go, loop.go (Run), inbox.go (Added, Cancelled),
 // load.go (the horizon loader), release.go (the release pipeline),
-// withdrawn.go (cancels of keys read ahead),
 // delete.go (deletes of released messages), exchange.go (DeleteExchange), progress.go (the backlog's
 // measure for Overdue, and progress lines while releases are behind).
 // Design notes and measurements are in docs/scheduler.md.

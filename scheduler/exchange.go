@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"maps"
 )
 
 // The exchange deletes. DeleteExchange removes a delayed exchange from the
@@ -121,10 +122,7 @@ func (s *Scheduler) startExchangeDelete(ctx context.Context) bool {
 // flight are awaited.
 func (s *Scheduler) exchangeRemoved(req *exchangeDelete) {
 	req.removed = true
-	req.awaiting = make(map[uint64]struct{}, len(s.unanswered))
-	for seq := range s.unanswered {
-		req.awaiting[seq] = struct{}{}
-	}
+	req.awaiting = maps.Clone(s.unanswered)
 	close(req.answered)
 	s.completeExchangeDeletes()
 }
@@ -144,9 +142,7 @@ func (s *Scheduler) answeredForExchangeDeletes(res releaseResult) {
 				req.confirmed++
 			}
 		}
-		if res.last {
-			delete(req.awaiting, res.seq)
-		}
+		delete(req.awaiting, res.seq)
 	}
 	s.completeExchangeDeletes()
 }

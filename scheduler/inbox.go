@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"slices"
 	"time"
 
 	"github.com/delayproxy/delayproxy/store"
@@ -100,19 +99,6 @@ func (s *Scheduler) Cancelled(keys ...store.Key) {
 	}
 }
 
-// inFlight reports whether k is in a batch dispatched and not yet answered.
-func (s *Scheduler) inFlight(k store.Key) bool {
-	if _, out := s.outstanding[k]; !out {
-		return false
-	}
-	for _, keys := range s.unanswered {
-		if slices.Contains(keys, k) {
-			return true
-		}
-	}
-	return false
-}
-
 // drainInbox moves what Added and Cancelled queued into the wheel, and
 // asks the loader for a rescan that is due.
 func (s *Scheduler) drainInbox(now time.Time) {
@@ -139,9 +125,7 @@ func (s *Scheduler) drainInbox(now time.Time) {
 		s.addKey(k)
 	}
 	for _, k := range cancels {
-		if !s.w.Cancel(k) && s.aheadMs > 0 && s.inFlight(k) {
-			s.withdrawn.add(k) // dispatched ahead: publishLoop leaves it out
-		}
+		s.w.Cancel(k)
 	}
 	if hasMissed && store.CompareKeys(missed, s.cursor) < 0 {
 		s.cursor = missed // scan again from there; keys already held are no-ops

@@ -66,7 +66,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		// is armed for that instant, or a slow turn (or a fake clock moved
 		// meanwhile) would make the wake-up late by that much.
 		timer.ResetAt(now.Add(wait))
-		if wait > 0 && s.idle != nil && s.inflight == s.aheadOf(now.UnixMilli()) && !s.deleting && !s.scanning {
+		if wait > 0 && s.idle != nil && s.inflight == 0 && !s.deleting && !s.scanning {
 			s.idle(now.UnixMilli())
 		}
 		select {
@@ -130,9 +130,6 @@ func (s *Scheduler) nextWake(now time.Time) time.Duration {
 	}
 	if next, ok := s.w.Next(); ok && s.canDispatch() {
 		t := time.UnixMilli(next)
-		if s.w.due.n == 0 {
-			t = t.Add(-s.opts.ReadAhead / 2) // dispatched ahead (expireAhead)
-		}
 		if t.Before(s.holdUntil) {
 			t = s.holdUntil
 		}

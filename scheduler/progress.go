@@ -68,7 +68,7 @@ func (s *Scheduler) sampleProgress(now time.Time) {
 	}
 	p.nextSample = now.Add(progressSample)
 	waiting, oldest := s.waiting(now)
-	overdue := waiting + int64(s.inflight-s.aheadOf(now.UnixMilli()))
+	overdue := waiting + int64(s.inflight)
 	p.overdue.Store(overdue)
 	p.oldest.Store(oldest)
 	released := p.released

@@ -97,15 +97,6 @@ type Options struct {
 	// RetryBackoffMin and RetryBackoffMax bound the exponential wait after
 	// a release that was not confirmed. Defaults 100 ms and 30 s.
 	RetryBackoffMin, RetryBackoffMax time.Duration
-	// ReadAhead is how long before their due time messages are taken from
-	// the wheel and read from the store; the release pipeline then holds
-	// each until its due millisecond and publishes it then, never before.
-	// A store whose read is a round trip to a database is then read ahead
-	// of the due time instead of at it. A message cancelled through
-	// Cancelled after its read is not published; one deleted from the
-	// store by another node after its read is (up to ReadAhead before its
-	// due time). Default 0: each message is read once it is due.
-	ReadAhead time.Duration
 	// Rescan, when positive, makes the loader read the loaded horizon
 	// again from the store's NextDue every Rescan: the backstop for keys
 	// another node stored whose announcement (Announced) was lost. Keys
@@ -190,12 +181,9 @@ type Scheduler struct {
 	maxCalls    int                    // most Release calls at once
 	jobs        chan batchJob          // dispatched batches, to publishLoop
 	batchSeq    uint64                 // sequence number of the last dispatched batch
-	unanswered  map[uint64][]store.Key // the keys of each batch in flight, by sequence number
-	aheadMs     int64                  // Options.ReadAhead in ms
-	withdrawn   withdrawnKeys          // cancelled after dispatch, before publish (ReadAhead)
+	unanswered  map[uint64]struct{}    // sequence numbers of the batches in flight
 	backoff     time.Duration          // retry backoff after the next unconfirmed release
 	holdUntil   time.Time              // no release before this (retry backoff)
-	holdNs      atomic.Int64           // holdUntil in unix ns, for publishLoop: no part read ahead goes out before it
 	tokens      float64                // rate limiter bucket
 	tokensAt    time.Time              // when tokens was last refilled
 
@@ -214,7 +202,7 @@ type Scheduler struct {
 	stopping bool  // Run is waiting for the last releases
 
 	testBegin func()            // tests: called as each loop iteration begins
-	idle      func(nowMs int64) // tests: called when the loop waits with nothing in progress but batches read ahead
+	idle      func(nowMs int64) // tests: called when the loop waits with nothing in progress
 }
 
 // New returns a Scheduler over st that releases through r. Call Run to start
@@ -260,8 +248,7 @@ func New(st Store, r Releaser, opts Options) *Scheduler {
 		deleted:     make(chan deleteResult, 1),
 		scanned:     make(chan scanResult, 1),
 		outstanding: make(map[store.Key]struct{}),
-		unanswered:  make(map[uint64][]store.Key),
-		aheadMs:     opts.ReadAhead.Milliseconds(),
+		unanswered:  make(map[uint64]struct{}),
 		backoff:     opts.RetryBackoffMin,
 		maxInbox:    maxInbox,
 		maxCalls:    maxCalls(r, opts),
