@@ -154,6 +154,7 @@ func (c *commit) cancels(ctx context.Context, tx pgx.Tx) error {
 	SELECT d.k, d.incarnation, e.incarnation IS NOT NULL FROM d LEFT JOIN S.exchanges e ON e.incarnation = d.incarnation`
 	const byKey = `WITH d AS (DELETE FROM S.messages WHERE k = $1 RETURNING k, incarnation)
 	SELECT d.k, d.incarnation, e.incarnation IS NOT NULL FROM d LEFT JOIN S.exchanges e ON e.incarnation = d.incarnation`
+	soon := c.s.opts.Now().Add(c.s.opts.NotifyWithin).UnixMilli() // cancels of keys due before are announced
 	for _, r := range c.reqs {
 		var rows pgx.Rows
 		var err error
@@ -179,7 +180,7 @@ func (c *commit) cancels(ctx context.Context, tx pgx.Tx) error {
 			c.removed(k, inc)
 			if live {
 				r.cancelled = append(r.cancelled, k)
-				if c.s.opts.NotifyWithin >= 0 && k.Due() < c.s.opts.Now().Add(c.s.opts.NotifyWithin).UnixMilli() {
+				if c.s.opts.NotifyWithin >= 0 && k.Due() < soon {
 					c.cancelled = append(c.cancelled, Announced{k, PartitionOf(inc)})
 				}
 			}

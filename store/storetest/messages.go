@@ -23,7 +23,7 @@ func testReleaseOrder(t *testing.T, h *harness) {
 		prio uint8
 		body string
 	}
-	h.exchange("/", "x")
+	x := h.exchange("/", "x")
 	for i, tc := range []struct {
 		name   string
 		scanAt int64 // ScanKeys(0, base+scanAt) before publishing (0: none)
@@ -77,7 +77,7 @@ func testReleaseOrder(t *testing.T, h *harness) {
 			for _, m := range tc.msgs {
 				if tc.async {
 					am := msg("x", day+m.due, m.prio, m.body)
-					am.Incarnation = h.exchange("/", "x").Incarnation
+					am.Incarnation = x.Incarnation
 					waits = append(waits, h.s.PutAsync(context.Background(), am))
 				} else {
 					h.put(msg("x", day+m.due, m.prio, m.body))
