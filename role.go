@@ -269,6 +269,7 @@ func (p *Proxy) newReleasing(ctx context.Context, st store.Store, pg *pgstore.St
 			MaxInFlight:  MaxReleasesInFlight,
 			DeleteLinger: ReleaseDeleteLinger,
 			Rescan:       p.rescan(),
+			ReadAhead:    p.readAhead(),
 			Logger:       p.log.With("room", "scheduler"),
 			Metrics:      m,
 		})

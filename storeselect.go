@@ -61,6 +61,13 @@ func (l *lateAnnouncer) missed() {
 // caught when the listener reconnects).
 const clusterRescan = 10 * time.Second
 
+// clusterReadAhead is how long before their due time a node on the
+// PostgreSQL store reads the messages it releases (the scheduler's
+// Options.ReadAhead), so the read's round trip, and a stall of the
+// database, is not in the release's way. The bbolt file is read at
+// release: a read there is a lookup in memory.
+const clusterReadAhead = 50 * time.Millisecond
+
 // openStore opens the bbolt file in DataDir, or, when Config.Store is set,
 // the PostgreSQL store in Config.StoreSchema, whose announcements of
 // messages other nodes stored go to ann. Its error is one line.
@@ -101,6 +108,15 @@ func (s pgMetrics) Stats() boltstore.Stats {
 		Commits: st.Commits, FailedCommits: st.FailedCommits, Requests: st.Requests, Messages: st.Messages,
 		Deletes: st.Deletes, MaxBatch: st.MaxBatch, CommitTime: st.CommitTime, Stale: st.Stale,
 	}
+}
+
+// readAhead is the scheduler's Options.ReadAhead: clusterReadAhead on the
+// shared store, none on the bbolt file.
+func (p *Proxy) readAhead() time.Duration {
+	if p.cfg.Store == "" {
+		return 0
+	}
+	return clusterReadAhead
 }
 
 // rescan is the scheduler's Options.Rescan: clusterRescan on the shared

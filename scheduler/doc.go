@@ -7,7 +7,8 @@
 // horizon advances (the loader), and hands due messages to a Releaser
 // through a release pipeline, then deletes what RabbitMQ confirmed. The
 // store is the truth: the scheduler holds keys, never messages, and reads
-// each message from the store when it releases it.
+// each message from the store when it releases it (with ReadAhead, that
+// long before its due time, keeping at most what falls due within it).
 //
 // Run releases until its context ends. Added (after a Put) and Cancelled
 // (after a delete) tell a running scheduler what changed; they never block
@@ -62,6 +63,8 @@
 // The files follow the parts: wheel.go and due.go (the Wheel and its queues
 // of due keys), clock.go, loop.go (Run), inbox.go (Added, Cancelled),
 // load.go (the horizon loader), release.go (the release pipeline),
+// readahead.go (reading messages before they are due, for a remote store),
+// wheelpeek.go (the wheel's look ahead for it),
 // delete.go (deletes of released messages), exchange.go (DeleteExchange), progress.go (the backlog's
 // measure for Overdue, and progress lines while releases are behind).
 // Design notes and measurements are in docs/scheduler.md.

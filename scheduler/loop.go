@@ -46,6 +46,8 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	defer timer.Stop()
 	ctx, cancel := context.WithCancel(ctx) // also ends releases after a store failure
 	defer cancel()
+	s.readTo = s.w.Now()
+	s.reads = make(chan []store.Key, readsQueued)
 	s.jobs = make(chan batchJob, s.maxCalls)
 	waits := make(chan published, s.maxCalls)
 	s.wg.Go(func() { s.publishLoop(ctx, s.jobs, waits) })
@@ -59,6 +61,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		s.drainInbox(now)
 		s.load(now)
 		s.dispatch(now)
+		s.readAhead(now)
 		s.startDelete(ctx)
 		s.sampleProgress(now)
 		wait := s.nextWake(now)
@@ -66,7 +69,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		// is armed for that instant, or a slow turn (or a fake clock moved
 		// meanwhile) would make the wake-up late by that much.
 		timer.ResetAt(now.Add(wait))
-		if wait > 0 && s.idle != nil && s.inflight == 0 && !s.deleting && !s.scanning {
+		if wait > 0 && s.idle != nil && s.inflight == 0 && !s.deleting && !s.scanning && s.readsOut.Load() == 0 {
 			s.idle(now.UnixMilli())
 		}
 		select {
@@ -111,7 +114,8 @@ func (s *Scheduler) kick() {
 }
 
 // nextWake is how long the loop may sleep: until the next due key it could
-// release, the next load, the end of a backoff or rate-limit wait, and never
+// release, the next read ahead, the next load, the end of a backoff or
+// rate-limit wait, and never
 // longer than maxSleep, so a wall-clock jump forward is noticed.
 func (s *Scheduler) nextWake(now time.Time) time.Duration {
 	at := now.Add(maxSleep)
@@ -127,6 +131,9 @@ func (s *Scheduler) nextWake(now time.Time) time.Duration {
 	}
 	if len(s.toDelete) > 0 && !s.deleting {
 		earlier(s.deleteAt())
+	}
+	if t, ok := s.readAheadWake(); ok {
+		earlier(t)
 	}
 	if next, ok := s.w.Next(); ok && s.canDispatch() {
 		t := time.UnixMilli(next)

@@ -108,7 +108,7 @@ func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits
 	defer close(waits)
 	publish := s.publishFunc()
 	fetched := make(chan *fetch, s.maxCalls) // every batch in flight fits
-	s.wg.Go(func() { s.fetchLoop(jobs, fetched) })
+	s.wg.Go(func() { s.fetchLoop(jobs, s.reads, fetched) })
 	for f := range fetched {
 		<-f.done
 		keys := f.job.keys
@@ -148,9 +148,10 @@ func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits
 // was being published.
 const maxGets = 4
 
-// fetch is one dispatched batch being read from the store.
+// fetch is one dispatched batch, or one read ahead, being read from the
+// store.
 type fetch struct {
-	job  batchJob
+	job  batchJob // zero for a read ahead
 	msgs []*store.Message
 	err  error
 	done chan struct{} // closed once msgs and err are set
@@ -158,20 +159,94 @@ type fetch struct {
 
 // fetchLoop starts the store read of each dispatched batch as it comes,
 // maxGets at once, and hands them on in dispatch order, never waiting for
-// publishLoop.
-func (s *Scheduler) fetchLoop(jobs <-chan batchJob, fetched chan<- *fetch) {
+// publishLoop. It also reads ahead (readahead.go): a batch takes what was
+// read ahead for its keys and reads only the rest.
+func (s *Scheduler) fetchLoop(jobs <-chan batchJob, reads <-chan []store.Key, fetched chan<- *fetch) {
 	defer close(fetched)
 	gets := make(chan struct{}, maxGets)
-	for job := range jobs {
-		f := &fetch{job: job, done: make(chan struct{})}
-		gets <- struct{}{}
-		s.wg.Go(func() {
-			defer func() { <-gets }()
-			f.msgs, f.err = s.st.Get(job.keys)
-			close(f.done)
-		})
-		fetched <- f // never blocks: it holds every batch in flight
+	ahead := readsAhead{}
+	nReads := 0
+	for {
+		select {
+		case keys := <-reads:
+			if nReads++; nReads%16 == 0 {
+				ahead.expireBefore(keys[0].Due() - s.opts.ReadAhead.Milliseconds() - aheadKeptMs)
+			}
+			f := &fetch{done: make(chan struct{})}
+			for i, k := range keys {
+				ahead[k] = aheadRead{f: f, i: i}
+			}
+			gets <- struct{}{}
+			s.wg.Go(func() {
+				f.msgs, f.err = s.st.Get(keys)
+				<-gets
+				close(f.done)
+				s.readsOut.Add(-1)
+				if s.idle != nil {
+					s.kick() // tests wait for the loop to see reads ahead done
+				}
+			})
+		case job, ok := <-jobs:
+			if !ok {
+				return
+			}
+			f := &fetch{job: job, done: make(chan struct{})}
+			if got, any := ahead.take(job.keys); any {
+				s.wg.Go(func() {
+					f.msgs, f.err = s.readRest(job.keys, got, gets)
+					close(f.done)
+				})
+			} else {
+				gets <- struct{}{}
+				s.wg.Go(func() {
+					f.msgs, f.err = s.st.Get(job.keys)
+					<-gets
+					close(f.done)
+				})
+			}
+			fetched <- f // never blocks: it holds every batch in flight
+		}
 	}
+}
+
+// aheadKeptMs is how long past its due time a read ahead whose key was
+// not dispatched is kept; fetchLoop then drops it.
+const aheadKeptMs = 1000
+
+// readRest waits for what was read ahead for keys (got, by index) and
+// reads the keys that were not, or whose read ahead failed.
+func (s *Scheduler) readRest(keys []store.Key, got []aheadRead, gets chan struct{}) ([]*store.Message, error) {
+	msgs := make([]*store.Message, len(keys))
+	var rest []int
+	for i, a := range got {
+		if a.f == nil {
+			rest = append(rest, i)
+			continue
+		}
+		<-a.f.done
+		if a.f.err != nil {
+			rest = append(rest, i)
+			continue
+		}
+		msgs[i] = a.f.msgs[a.i]
+	}
+	if len(rest) == 0 {
+		return msgs, nil
+	}
+	missing := make([]store.Key, len(rest))
+	for j, i := range rest {
+		missing[j] = keys[i]
+	}
+	gets <- struct{}{}
+	read, err := s.st.Get(missing)
+	<-gets
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range rest {
+		msgs[i] = read[j]
+	}
+	return msgs, nil
 }
 
 // published is a batch handed to the Releaser, awaiting its confirms.

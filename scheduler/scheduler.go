@@ -103,6 +103,12 @@ type Options struct {
 	// already held are no-ops. Default 0: never, as a store only this
 	// scheduler's node writes to needs.
 	Rescan time.Duration
+	// ReadAhead, when positive, is how long before their due time
+	// messages are read from the store (readahead.go), so a store whose
+	// reads are round trips to a database (pgstore) does not put them in
+	// the releases' way. Default 0: each batch is read when it is due, as
+	// a store in this process (boltstore) needs.
+	ReadAhead time.Duration
 	// Logger receives errors and retries. Default slog.Default().
 	Logger *slog.Logger
 
@@ -186,6 +192,11 @@ type Scheduler struct {
 	holdUntil   time.Time              // no release before this (retry backoff)
 	tokens      float64                // rate limiter bucket
 	tokensAt    time.Time              // when tokens was last refilled
+
+	// The read-ahead (readahead.go).
+	readTo   int64            // keys due at or before it were handed to reads, if ever
+	reads    chan []store.Key // keys to read ahead, to fetchLoop
+	readsOut atomic.Int32     // reads ahead sent and not yet answered by the store
 
 	// The deletes (delete.go).
 	toDelete    []store.Key   // confirmed or stale, waiting for the delete goroutine

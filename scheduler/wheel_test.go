@@ -366,10 +366,80 @@ func checkAgainstOracle(t *testing.T, span int64, next func() (op byte, a, b uin
 			if ok != (len(o) > 0) || ok && last != o[len(o)-1] {
 				t.Fatalf("step %d: Last = %v, %v; oracle has %d", i, dues([]store.Key{last}), ok, len(o))
 			}
+			checkPeek(t, w, o, w.Now()-16+int64(a%uint64(span)), int64(b%uint64(span)))
 		}
 		if w.Len() != len(o) {
 			t.Fatalf("step %d: Len = %d, oracle %d", i, w.Len(), len(o))
 		}
+	}
+}
+
+// checkPeek compares Peek and NextAfter over (after, after+length] with
+// the oracle: the keys held due in that range and after Now(), in key
+// order, up to the horizon.
+func checkPeek(t *testing.T, w *Wheel, o oracle, after, length int64) {
+	t.Helper()
+	from, until := max(after, w.Now()), min(after+length, w.Horizon())
+	var want []store.Key
+	wantNext, wantOK := int64(0), false
+	for _, k := range o {
+		if k.Due() > from && !wantOK {
+			wantNext, wantOK = k.Due(), true
+		}
+		if k.Due() > from && k.Due() <= until {
+			want = append(want, k)
+		}
+	}
+	if got := w.Peek(after, after+length, nil); !slices.Equal(got, want) {
+		t.Fatalf("Peek(%+d, %+d) at %+d = %v, want %v", after-t0, after+length-t0, w.Now()-t0, dues(got), dues(want))
+	}
+	if got, ok := w.NextAfter(after); ok != wantOK || got != wantNext {
+		t.Fatalf("NextAfter(%+d) at %+d = %+d, %v, want %+d, %v", after-t0, w.Now()-t0, got-t0, ok, wantNext-t0, wantOK)
+	}
+}
+
+func TestWheelPeek(t *testing.T) {
+	// Keys in the slots (due before the open bucket), staged in later
+	// buckets, already due, and the slot table wrapping around.
+	tests := []struct {
+		name         string
+		now          int64 // the wheel's position, after Expire
+		add          []int64
+		after, until int64
+		want         []int64 // due times, relative to t0
+		next         int64   // NextAfter(after), relative; 0 is none
+	}{
+		{name: "empty", after: 0, until: 100},
+		{name: "slots and stages", add: []int64{5, 70, 64, 120, 100}, after: 4, until: 110, want: []int64{5, 64, 70, 100}, next: 5},
+		{name: "after excludes", add: []int64{5, 6, 7}, after: 5, until: 7, want: []int64{6, 7}, next: 6},
+		{name: "until bounds", add: []int64{5, 6, 120}, after: 0, until: 6, want: []int64{5, 6}, next: 5},
+		{name: "none in range, one later", add: []int64{120}, after: 0, until: 100, next: 120},
+		{name: "due keys left out", now: 50, add: []int64{10, 40, 51, 60}, after: 0, until: 60, want: []int64{51, 60}, next: 51},
+		{name: "wrapped slot table", now: 100, add: []int64{101, 120, 129, 150, 190}, after: 125, until: 160, want: []int64{129, 150}, next: 129},
+		{name: "keys before after stay out when the table wraps", now: 100, add: []int64{101, 105}, after: 110, until: 191, next: 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := NewWheel(t0, 64) // span 128: the horizon is +127 at 0, +191 at 100
+			w.Expire(t0+tc.now, nil)
+			for _, d := range tc.add {
+				w.Add(key(t0+d, 0, uint64(d)))
+			}
+			var got []int64
+			for _, k := range w.Peek(t0+tc.after, t0+tc.until, nil) {
+				got = append(got, k.Due()-t0)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("Peek = %v, want %v", got, tc.want)
+			}
+			next, ok := w.NextAfter(t0 + tc.after)
+			if ok != (tc.next != 0) || ok && next-t0 != tc.next {
+				t.Errorf("NextAfter = %+d, %v, want %+d", next-t0, ok, tc.next)
+			}
+			if n := len(w.Expire(t0+1000, nil)); n != len(tc.add) {
+				t.Errorf("Expire after Peek returned %d keys, want every one of the %d added", n, len(tc.add))
+			}
+		})
 	}
 }
 

@@ -1,0 +1,107 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/delayproxy/delayproxy/store"
+)
+
+// The read-ahead (Options.ReadAhead). When a store read is a round trip to
+// a database, reading each batch only once it is due puts that round trip,
+// and every stall of the database, into every release's lateness. With a
+// read-ahead, the loop peeks at the keys falling due within ReadAhead
+// (Wheel.Peek) and hands them to fetchLoop, which reads them at once and
+// keeps the messages until their keys are dispatched. Dispatch itself is
+// unchanged: keys leave the wheel at their due time and in release order,
+// and a batch takes what was read ahead for its keys and reads the rest.
+//
+// The wheel stays the gate: a message cancelled after it was read ahead
+// (Cancelled) leaves the wheel and is never dispatched, and its read is
+// dropped. A message read ahead whose key then misses the cache (a retry,
+// a read that failed) is read again at dispatch. Reads ahead go out in
+// steps of a fifth of ReadAhead, so a message is read between 4/5 of
+// ReadAhead and ReadAhead before its due time, in one read per step
+// rather than one per batch.
+
+// readAheadSteps is how many reads ahead cover one ReadAhead.
+const readAheadSteps = 5
+
+// readsQueued is how many reads ahead wait for fetchLoop; when they are
+// full, the loop skips a step and those keys are read at dispatch.
+const readsQueued = 8
+
+// readAhead hands fetchLoop the keys due within ReadAhead of now that
+// earlier steps did not cover, once a step's worth of time has passed.
+func (s *Scheduler) readAhead(now time.Time) {
+	ra := s.opts.ReadAhead.Milliseconds()
+	if ra <= 0 {
+		return
+	}
+	until := now.UnixMilli() + ra
+	if until < s.readTo+max(ra/readAheadSteps, 1) {
+		return
+	}
+	keys := s.w.Peek(s.readTo, until, nil)
+	s.readTo = until
+	if len(keys) == 0 {
+		return
+	}
+	select {
+	case s.reads <- keys:
+		s.readsOut.Add(1)
+	default: // fetchLoop is behind: these keys are read at dispatch
+	}
+}
+
+// readAheadWake is when the loop should wake for the next read ahead: a
+// step after the last one, and no earlier than ReadAhead before the next
+// key it has not covered; false when there is none.
+func (s *Scheduler) readAheadWake() (time.Time, bool) {
+	ra := s.opts.ReadAhead.Milliseconds()
+	if ra <= 0 {
+		return time.Time{}, false
+	}
+	next, ok := s.w.NextAfter(s.readTo)
+	if !ok {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(max(next, s.readTo+max(ra/readAheadSteps, 1)) - ra), true
+}
+
+// readsAhead is fetchLoop's cache of messages read ahead, by key. Only
+// fetchLoop uses it.
+type readsAhead map[store.Key]aheadRead
+
+// aheadRead is one key's place in a read ahead: the i-th of f's messages.
+type aheadRead struct {
+	f *fetch
+	i int
+}
+
+// take removes what was read ahead for keys and returns it, by index in
+// keys; a key not read ahead has a zero entry.
+func (c readsAhead) take(keys []store.Key) (got []aheadRead, any bool) {
+	for i, k := range keys {
+		a, ok := c[k]
+		if !ok {
+			continue
+		}
+		if got == nil {
+			got = make([]aheadRead, len(keys))
+		}
+		got[i], any = a, true
+		delete(c, k)
+	}
+	return got, any
+}
+
+// expireBefore drops the reads ahead of keys due before due: keys that
+// were cancelled, evicted or otherwise never dispatched in time. A key
+// dispatched later (a retry) is read again.
+func (c readsAhead) expireBefore(due int64) {
+	for k := range c {
+		if k.Due() < due {
+			delete(c, k)
+		}
+	}
+}
