@@ -17,6 +17,7 @@ import (
 	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testlog"
+	"github.com/delayproxy/delayproxy/internal/teststore"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
@@ -272,78 +273,91 @@ func TestAlternateExchange_AtRelease(t *testing.T) {
 }
 
 // TestRelease_MixedDelaysInDueOrder: a few hundred messages with delays
-// over 0-3 s arrive in due order and none early, measured on the client.
+// over 0-3 s arrive in due order and none early, measured on the client,
+// with either store (the PostgreSQL one reads ahead of due times).
 func TestRelease_MixedDelaysInDueOrder(t *testing.T) {
 	t.Parallel()
 	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
-		const n = 400
-		_, ch := startConfirmedOn(t, b)
-		ex, _, cons := delayedFanoutOn(t, b, ch)
-
-		type sent struct {
-			delay     time.Duration
-			before    time.Time // just before the publish
-			confirmed time.Time // when its ack arrived
+		for _, st := range []struct {
+			name string
+			opt  func(*delayproxy.Config)
+		}{
+			{"bbolt", nil},
+			{"postgres", func(c *delayproxy.Config) { c.Store, c.StoreSchema = teststore.PGURL(), teststore.PGSchema(t) }},
+		} {
+			t.Run(st.name, func(t *testing.T) { checkMixedDelaysInDueOrder(t, b, st.opt) })
 		}
-		msgs := make([]sent, n)
-		confirms := make(chan *amqp.DeferredConfirmation, n)
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			for i := range n {
-				dc := <-confirms
-				if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
-					t.Errorf("publish %d: ack=%v err=%v", i, ok, err)
-				}
-				msgs[i].confirmed = time.Now()
-			}
-		})
-		for i := range n {
-			// A spread of delays over 0-3 s, shuffled against publish order.
-			ms := int32((i * 7919) % 3000)
-			msgs[i].delay = time.Duration(ms) * time.Millisecond
-			msgs[i].before = time.Now()
-			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), ex, "", false, false, delayedMsg(ms, fmt.Sprint(i)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			confirms <- dc
-		}
-		wg.Wait()
-		got := cons.wait(t, n, 30*time.Second)
-
-		var late []time.Duration
-		fmtID := func(a arrival) int {
-			i, err := strconv.Atoi(a.MessageId)
-			if err != nil {
-				t.Fatalf("message id %q", a.MessageId)
-			}
-			return i
-		}
-		for k, a := range got {
-			m := msgs[fmtID(a)]
-			due := m.before.Add(m.delay)
-			if a.At.Before(due) {
-				t.Errorf("message %s (delay %v) arrived %v early", a.MessageId, m.delay, due.Sub(a.At))
-			}
-			late = append(late, a.At.Sub(due))
-			if k == 0 {
-				continue
-			}
-			// Release order is due order. The proxy's due time is its clock
-			// when it read the publish (between the publish and its ack),
-			// rounded up to the millisecond, plus the delay; so an inversion is
-			// certain only when the earlier arrival was due after the later
-			// one could have been.
-			p := msgs[fmtID(got[k-1])]
-			if p.before.Add(p.delay).After(m.confirmed.Add(m.delay + time.Millisecond)) {
-				t.Errorf("message %s (delay %v) arrived before %s (delay %v), which was due earlier",
-					got[k-1].MessageId, p.delay, a.MessageId, m.delay)
-			}
-		}
-		slices.Sort(late)
-		t.Logf("%d messages, delays 0-3 s: lateness (arrival - publish - delay, client clock) min %v, p50 %v, p99 %v, max %v",
-			n, late[0], percentile(late, 0.5), percentile(late, 0.99), late[len(late)-1])
 	})
+}
+
+func checkMixedDelaysInDueOrder(t *testing.T, b testbroker.Broker, opt func(*delayproxy.Config)) {
+	const n = 400
+	ch := confirmChannel(t, startProxyOn(t, b, opt).dial(t))
+	ex, _, cons := delayedFanoutOn(t, b, ch)
+
+	type sent struct {
+		delay     time.Duration
+		before    time.Time // just before the publish
+		confirmed time.Time // when its ack arrived
+	}
+	msgs := make([]sent, n)
+	confirms := make(chan *amqp.DeferredConfirmation, n)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range n {
+			dc := <-confirms
+			if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
+				t.Errorf("publish %d: ack=%v err=%v", i, ok, err)
+			}
+			msgs[i].confirmed = time.Now()
+		}
+	})
+	for i := range n {
+		// A spread of delays over 0-3 s, shuffled against publish order.
+		ms := int32((i * 7919) % 3000)
+		msgs[i].delay = time.Duration(ms) * time.Millisecond
+		msgs[i].before = time.Now()
+		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), ex, "", false, false, delayedMsg(ms, fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		confirms <- dc
+	}
+	wg.Wait()
+	got := cons.wait(t, n, 30*time.Second)
+
+	var late []time.Duration
+	fmtID := func(a arrival) int {
+		i, err := strconv.Atoi(a.MessageId)
+		if err != nil {
+			t.Fatalf("message id %q", a.MessageId)
+		}
+		return i
+	}
+	for k, a := range got {
+		m := msgs[fmtID(a)]
+		due := m.before.Add(m.delay)
+		if a.At.Before(due) {
+			t.Errorf("message %s (delay %v) arrived %v early", a.MessageId, m.delay, due.Sub(a.At))
+		}
+		late = append(late, a.At.Sub(due))
+		if k == 0 {
+			continue
+		}
+		// Release order is due order. The proxy's due time is its clock
+		// when it read the publish (between the publish and its ack),
+		// rounded up to the millisecond, plus the delay; so an inversion is
+		// certain only when the earlier arrival was due after the later
+		// one could have been.
+		p := msgs[fmtID(got[k-1])]
+		if p.before.Add(p.delay).After(m.confirmed.Add(m.delay + time.Millisecond)) {
+			t.Errorf("message %s (delay %v) arrived before %s (delay %v), which was due earlier",
+				got[k-1].MessageId, p.delay, a.MessageId, m.delay)
+		}
+	}
+	slices.Sort(late)
+	t.Logf("%d messages, delays 0-3 s: lateness (arrival - publish - delay, client clock) min %v, p50 %v, p99 %v, max %v",
+		n, late[0], percentile(late, 0.5), percentile(late, 0.99), late[len(late)-1])
 }
 
 // TestRestart_ExactlyOnce: stopped gracefully with messages pending and
