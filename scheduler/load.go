@@ -28,6 +28,18 @@ const (
 	maxWindow = int64(1) << 40 // ms, far beyond any backlog
 )
 
+// A rescan (Rescan, Options.Rescan) moves the cursor back over keys the
+// wheel holds already, to catch the few whose announcement was lost. The
+// loader reads that range again in small chunks with a pause between them:
+// applying a chunk of keys the wheel holds is a lookup each in the loop,
+// and a scan is work for the database on the same cores, so the whole
+// horizon at once (tens of thousands of keys) stalled releases every
+// Rescan.
+const (
+	rescanChunk = 512                  // most keys one ScanKeys call of a rescan's re-read loads
+	rescanGap   = 5 * time.Millisecond // least time between two of them
+)
+
 // addKey puts a key below the cursor into the wheel unless it is already out
 // for release; if that makes the wheel too big, the latest key goes back to
 // being on disk only.
@@ -60,6 +72,13 @@ func (s *Scheduler) loadRange(now time.Time) (from, until int64, limit int, wake
 		return 0, 0, 0, s.loadAfter, false
 	}
 	limit = min(s.opts.MaxLoaded-s.w.Len(), loadChunk)
+	if store.CompareKeys(s.cursor, s.rescanTo) < 0 {
+		// Reading again what a rescan moved the cursor back over.
+		limit = min(limit, rescanChunk)
+		if next := s.scannedAt.Add(rescanGap); now.Before(next) {
+			return 0, 0, 0, next, false
+		}
+	}
 	end := from + s.window
 	if from < s.windowEnd {
 		end = s.windowEnd // the rest of a window scanned in chunks
@@ -168,11 +187,15 @@ func (s *Scheduler) applyScan(now time.Time, res scanResult) {
 	if res.rescan {
 		if res.ok {
 			if k := store.MakeKey(res.first, 255, 0); store.CompareKeys(k, s.cursor) < 0 {
+				if store.CompareKeys(s.cursor, s.rescanTo) > 0 {
+					s.rescanTo = s.cursor
+				}
 				s.cursor = k // keys already held are no-ops
 			}
 		}
 		return
 	}
+	s.scannedAt = now
 	if res.err != nil {
 		s.storeError("load", res.err)
 		return

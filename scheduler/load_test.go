@@ -254,3 +254,73 @@ func TestReleasesGoOnWhileAScanIsUnderWay(t *testing.T) {
 	h.advance(300 * time.Millisecond) // +1500
 	h.wantReleased("a@100", "b@700", "late@1200", "far@1500")
 }
+
+// scanPace is the real store, recording when (on the fake clock) each scan
+// ran and how many keys it gave the loader.
+type scanPace struct {
+	Store
+	clk *ManualClock
+
+	mu   sync.Mutex // guards at and keys
+	at   []int64
+	keys []int
+}
+
+func (p *scanPace) ScanKeys(from, until int64, fn func(store.Key) error) error {
+	n := 0
+	err := p.Store.ScanKeys(from, until, func(k store.Key) error {
+		err := fn(k)
+		if err == nil {
+			n++
+		}
+		return err
+	})
+	p.mu.Lock()
+	p.at, p.keys = append(p.at, p.clk.Now().UnixMilli()-t0), append(p.keys, n)
+	p.mu.Unlock()
+	return err
+}
+
+// TestRescanReadsAgainInPacedChunks: a rescan reads the loaded horizon
+// again in chunks of at most rescanChunk keys, rescanGap apart, instead of
+// all of it at once in the loop's way; what it reads again is no-ops, and
+// every message is released once.
+func TestRescanReadsAgainInPacedChunks(t *testing.T) {
+	h := newHarness(t, Options{Horizon: time.Minute})
+	p := &scanPace{Store: h.st, clk: h.clk}
+	h.backend = p
+	const n = 2000
+	for i := range n {
+		h.put(fmt.Sprintf("m%04d", i), 10_000+int64(i)*10, 0) // 10 s to 30 s
+	}
+	h.start()
+	h.settle()
+	p.mu.Lock()
+	p.at, p.keys = nil, nil
+	p.mu.Unlock()
+	h.s.Rescan()
+	h.settle()
+	for range 50 {
+		h.advance(time.Millisecond)
+	}
+	p.mu.Lock()
+	at, keys := slices.Clone(p.at), slices.Clone(p.keys)
+	p.mu.Unlock()
+	total := 0
+	for i, k := range keys {
+		total += k
+		if k > rescanChunk {
+			t.Errorf("scan %d of the rescan read %d keys, want at most %d", i, k, rescanChunk)
+		}
+		if i > 0 && at[i]-at[i-1] < rescanGap.Milliseconds() {
+			t.Errorf("scans %d and %d of the rescan at +%d and +%d ms: closer than %v", i-1, i, at[i-1], at[i], rescanGap)
+		}
+	}
+	if total < n {
+		t.Fatalf("the rescan read %d keys again in %d scans, want all %d", total, len(keys), n)
+	}
+	h.advance(31 * time.Second)
+	if got := h.rel.released(); len(got) != n {
+		t.Fatalf("released %d, want %d once each", len(got), n)
+	}
+}

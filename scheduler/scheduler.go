@@ -178,7 +178,9 @@ type Scheduler struct {
 	scanning     bool      // a scan (or a rescan's NextDue) is under way
 	scanUntil    int64     // the end of the scan under way
 	scanned      chan scanResult
-	rescanWanted bool // a rescan is due: the loader reads NextDue first
+	rescanWanted bool      // a rescan is due: the loader reads NextDue first
+	rescanTo     store.Key // the cursor a rescan moved back from: below it, scans are paced
+	scannedAt    time.Time // when the last scan's answer was applied
 
 	// The release pipeline (release.go).
 	outstanding map[store.Key]struct{} // out of the wheel, not yet answered or deleted

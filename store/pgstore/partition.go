@@ -19,9 +19,10 @@ const Partitions = 8
 // messages_partition is, so that the planner uses it.
 const partitionSQL = `(incarnation % 8)`
 
-// viewScanChunk is how many keys a View's ScanKeys reads per statement:
-// the scheduler's load (4,096 at a time), as each statement reads up to
-// that many keys of every partition of the view.
+// viewScanChunk is the most keys a View's ScanKeys reads per statement
+// (growing from firstScanChunk as ScanKeys's do): the scheduler's load
+// (4,096 at a time), as each statement reads up to that many keys of every
+// partition of the view.
 const viewScanChunk = 4096
 
 // viewChunkSQL reads up to $3 keys k of the partitions $4 with $1 <= k <

@@ -94,8 +94,14 @@ func dueBound(due int64) []byte {
 	return b
 }
 
-// scanChunk is how many keys ScanKeys reads per statement.
-const scanChunk = 10_000
+// scanChunk is the most keys ScanKeys reads per statement. Its first
+// statement reads firstScanChunk, and each next one twice as many: a
+// caller that stops early (the scheduler's loader takes 512 or 4,096 keys
+// at a time) does not make the database read and send ten thousand.
+const (
+	scanChunk      = 10_000
+	firstScanChunk = 256
+)
 
 // ScanKeys calls fn with the keys due in [from, until); see store.Store.
 // It reads them in chunks by key, so fn runs outside any statement.
@@ -115,10 +121,11 @@ func (s *Store) scanKeys(parts []int64, from, until int64, fn func(store.Key) er
 	if until == math.MaxInt64 {
 		hi = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	}
-	chunk := scanChunk
+	most := scanChunk
 	if parts != nil {
-		chunk = viewScanChunk
+		most = viewScanChunk
 	}
+	chunk := firstScanChunk
 	inclusive := true
 	for {
 		op := ">"
@@ -142,6 +149,7 @@ func (s *Store) scanKeys(parts []int64, from, until int64, fn func(store.Key) er
 		}
 		last := keys[len(keys)-1]
 		lo, inclusive = last[:], false
+		chunk = min(2*chunk, most)
 	}
 }
 
