@@ -70,7 +70,10 @@ func (s *Scheduler) readAheadWake() (time.Time, bool) {
 
 // readsAhead is fetchLoop's cache of messages read ahead, by key. Only
 // fetchLoop uses it.
-type readsAhead map[store.Key]aheadRead
+type readsAhead struct {
+	byKey map[store.Key]aheadRead
+	reads int // reads ahead started, for the periodic expiry
+}
 
 // aheadRead is one key's place in a read ahead: the i-th of f's messages.
 type aheadRead struct {
@@ -78,11 +81,35 @@ type aheadRead struct {
 	i int
 }
 
+// aheadKeptMs is how long past its due time a read ahead whose key was
+// not dispatched (cancelled, evicted) is kept; fetchLoop then drops it, and
+// a key dispatched later after all (a retry) is read again.
+const aheadKeptMs = 1000
+
+// startReadAhead starts the read of keys (in key order), ahead of their
+// dispatch, and records it in c. Every 16th read it drops what is kept
+// past aheadKeptMs.
+func (s *Scheduler) startReadAhead(c *readsAhead, keys []store.Key, gets chan struct{}) {
+	if c.reads++; c.reads%16 == 0 {
+		c.expireBefore(keys[0].Due() - s.opts.ReadAhead.Milliseconds() - aheadKeptMs)
+	}
+	f := &fetch{done: make(chan struct{})}
+	for i, k := range keys {
+		c.byKey[k] = aheadRead{f: f, i: i}
+	}
+	s.startGet(f, keys, gets, func() {
+		s.readsOut.Add(-1)
+		if s.idle != nil {
+			s.kick() // tests wait for the loop to see reads ahead done
+		}
+	})
+}
+
 // take removes what was read ahead for keys and returns it, by index in
 // keys; a key not read ahead has a zero entry.
-func (c readsAhead) take(keys []store.Key) (got []aheadRead, any bool) {
+func (c *readsAhead) take(keys []store.Key) (got []aheadRead, any bool) {
 	for i, k := range keys {
-		a, ok := c[k]
+		a, ok := c.byKey[k]
 		if !ok {
 			continue
 		}
@@ -90,18 +117,50 @@ func (c readsAhead) take(keys []store.Key) (got []aheadRead, any bool) {
 			got = make([]aheadRead, len(keys))
 		}
 		got[i], any = a, true
-		delete(c, k)
+		delete(c.byKey, k)
 	}
 	return got, any
 }
 
-// expireBefore drops the reads ahead of keys due before due: keys that
-// were cancelled, evicted or otherwise never dispatched in time. A key
-// dispatched later (a retry) is read again.
-func (c readsAhead) expireBefore(due int64) {
-	for k := range c {
+// expireBefore drops the reads ahead of keys due before due.
+func (c *readsAhead) expireBefore(due int64) {
+	for k := range c.byKey {
 		if k.Due() < due {
-			delete(c, k)
+			delete(c.byKey, k)
 		}
 	}
+}
+
+// readRest waits for what was read ahead for keys (got, by index) and
+// reads the keys that were not, or whose read ahead failed.
+func (s *Scheduler) readRest(keys []store.Key, got []aheadRead, gets chan struct{}) ([]*store.Message, error) {
+	msgs := make([]*store.Message, len(keys))
+	var rest []int
+	for i, a := range got {
+		if a.f != nil {
+			<-a.f.done
+			if a.f.err == nil {
+				msgs[i] = a.f.msgs[a.i]
+				continue
+			}
+		}
+		rest = append(rest, i)
+	}
+	if len(rest) == 0 {
+		return msgs, nil
+	}
+	missing := make([]store.Key, len(rest))
+	for j, i := range rest {
+		missing[j] = keys[i]
+	}
+	gets <- struct{}{}
+	read, err := s.st.Get(missing)
+	<-gets
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range rest {
+		msgs[i] = read[j]
+	}
+	return msgs, nil
 }

@@ -164,28 +164,11 @@ type fetch struct {
 func (s *Scheduler) fetchLoop(jobs <-chan batchJob, reads <-chan []store.Key, fetched chan<- *fetch) {
 	defer close(fetched)
 	gets := make(chan struct{}, maxGets)
-	ahead := readsAhead{}
-	nReads := 0
+	ahead := &readsAhead{byKey: map[store.Key]aheadRead{}}
 	for {
 		select {
 		case keys := <-reads:
-			if nReads++; nReads%16 == 0 {
-				ahead.expireBefore(keys[0].Due() - s.opts.ReadAhead.Milliseconds() - aheadKeptMs)
-			}
-			f := &fetch{done: make(chan struct{})}
-			for i, k := range keys {
-				ahead[k] = aheadRead{f: f, i: i}
-			}
-			gets <- struct{}{}
-			s.wg.Go(func() {
-				f.msgs, f.err = s.st.Get(keys)
-				<-gets
-				close(f.done)
-				s.readsOut.Add(-1)
-				if s.idle != nil {
-					s.kick() // tests wait for the loop to see reads ahead done
-				}
-			})
+			s.startReadAhead(ahead, keys, gets)
 		case job, ok := <-jobs:
 			if !ok {
 				return
@@ -197,56 +180,26 @@ func (s *Scheduler) fetchLoop(jobs <-chan batchJob, reads <-chan []store.Key, fe
 					close(f.done)
 				})
 			} else {
-				gets <- struct{}{}
-				s.wg.Go(func() {
-					f.msgs, f.err = s.st.Get(job.keys)
-					<-gets
-					close(f.done)
-				})
+				s.startGet(f, job.keys, gets, nil)
 			}
 			fetched <- f // never blocks: it holds every batch in flight
 		}
 	}
 }
 
-// aheadKeptMs is how long past its due time a read ahead whose key was
-// not dispatched is kept; fetchLoop then drops it.
-const aheadKeptMs = 1000
-
-// readRest waits for what was read ahead for keys (got, by index) and
-// reads the keys that were not, or whose read ahead failed.
-func (s *Scheduler) readRest(keys []store.Key, got []aheadRead, gets chan struct{}) ([]*store.Message, error) {
-	msgs := make([]*store.Message, len(keys))
-	var rest []int
-	for i, a := range got {
-		if a.f == nil {
-			rest = append(rest, i)
-			continue
-		}
-		<-a.f.done
-		if a.f.err != nil {
-			rest = append(rest, i)
-			continue
-		}
-		msgs[i] = a.f.msgs[a.i]
-	}
-	if len(rest) == 0 {
-		return msgs, nil
-	}
-	missing := make([]store.Key, len(rest))
-	for j, i := range rest {
-		missing[j] = keys[i]
-	}
+// startGet reads keys into f in a goroutine of its own, once one of the
+// maxGets places in gets is free, closes f.done and then calls after (if
+// not nil).
+func (s *Scheduler) startGet(f *fetch, keys []store.Key, gets chan struct{}, after func()) {
 	gets <- struct{}{}
-	read, err := s.st.Get(missing)
-	<-gets
-	if err != nil {
-		return nil, err
-	}
-	for j, i := range rest {
-		msgs[i] = read[j]
-	}
-	return msgs, nil
+	s.wg.Go(func() {
+		f.msgs, f.err = s.st.Get(keys)
+		<-gets
+		close(f.done)
+		if after != nil {
+			after()
+		}
+	})
 }
 
 // published is a batch handed to the Releaser, awaiting its confirms.
