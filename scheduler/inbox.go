@@ -22,7 +22,9 @@ import (
 // records the smallest key it dropped and the loop moves the cursor back to
 // it, so the loader scans that range again (keys already held are no-ops).
 // A Cancelled that is dropped is harmless: release reads every message from
-// the store first and skips the ones that are gone.
+// the store first and skips the ones that are gone (with ReadAhead, a
+// message read before its cancel is released, as one cancelled while it
+// is published).
 
 // maxInbox is the most keys Added or Cancelled queue between two loop turns.
 const maxInbox = 1 << 16
