@@ -83,7 +83,7 @@ func (s *Scheduler) queueAdds(n int, key func(int) store.Key) {
 // count against MaxLoaded. It never blocks on the loop. A key already handed
 // to the Releaser is released anyway. When the inbox is full the key stays
 // in the wheel until its due time and is then skipped, since the store no
-// longer has it.
+// longer has it (unless it was read ahead before the cancel).
 func (s *Scheduler) Cancelled(keys ...store.Key) {
 	bound := s.addBound.Load()
 	queued := false
