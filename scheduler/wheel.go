@@ -470,12 +470,8 @@ func (w *Wheel) clearSlot(i int64) {
 // nextSlot is the due time of the first non-empty slot after pos; there must
 // be one (inSl > 0).
 func (w *Wheel) nextSlot() int64 {
-	start := (w.pos + 1) & w.mask
-	if r := w.firstSet(start); r >= 0 {
-		return w.pos + 1 + (r - start)
-	}
-	r := w.firstSet(0)
-	return w.pos + 1 + (w.span - start) + r
+	d, _ := w.slotFrom(w.pos + 1)
+	return d
 }
 
 // lastSlot is the due time of the last non-empty slot; there must be one.
