@@ -38,7 +38,7 @@ func (s *Scheduler) readAhead(now time.Time) {
 		return
 	}
 	until := now.UnixMilli() + ra
-	if until < s.readTo+max(ra/readAheadSteps, 1) {
+	if until < s.readTo+readAheadStep(ra) {
 		return
 	}
 	keys := s.w.Peek(s.readTo, until, nil)
@@ -65,8 +65,12 @@ func (s *Scheduler) readAheadWake() (time.Time, bool) {
 	if !ok {
 		return time.Time{}, false
 	}
-	return time.UnixMilli(max(next, s.readTo+max(ra/readAheadSteps, 1)) - ra), true
+	return time.UnixMilli(max(next, s.readTo+readAheadStep(ra)) - ra), true
 }
+
+// readAheadStep is the least time (ms) between two reads ahead of a
+// read-ahead of ra ms: a fifth of it, at least a millisecond.
+func readAheadStep(ra int64) int64 { return max(ra/readAheadSteps, 1) }
 
 // readsAhead is fetchLoop's cache of messages read ahead, by key. Only
 // fetchLoop uses it.

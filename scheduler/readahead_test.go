@@ -83,7 +83,7 @@ func TestReadAheadReadsBeforeDue(t *testing.T) {
 			// One read per message, between ReadAhead and 4/5 of it before
 			// its due time (a step is a fifth, at least a millisecond).
 			raMs := ra.Milliseconds()
-			latest := raMs - max(raMs/readAheadSteps, 1)
+			latest := raMs - readAheadStep(raMs)
 			for _, m := range msgs {
 				at := g.readAt(m.Key)
 				due := m.Key.Due() - t0
