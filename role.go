@@ -268,8 +268,8 @@ func (p *Proxy) newReleasing(ctx context.Context, st store.Store, pg *pgstore.St
 			// throughput is not one batch per confirm round trip.
 			MaxInFlight:  MaxReleasesInFlight,
 			DeleteLinger: ReleaseDeleteLinger,
-			Rescan:       p.rescan(),
-			ReadAhead:    p.readAhead(),
+			Rescan:       p.inCluster(clusterRescan),
+			ReadAhead:    p.inCluster(clusterReadAhead),
 			Logger:       p.log.With("room", "scheduler"),
 			Metrics:      m,
 		})

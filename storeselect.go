@@ -110,20 +110,13 @@ func (s pgMetrics) Stats() boltstore.Stats {
 	}
 }
 
-// readAhead is the scheduler's Options.ReadAhead: clusterReadAhead on the
-// shared store, none on the bbolt file.
-func (p *Proxy) readAhead() time.Duration {
+// inCluster is d on the shared store (cluster mode), 0 on the bbolt file:
+// the scheduler's Options.Rescan (clusterRescan; only this node writes the
+// file) and Options.ReadAhead (clusterReadAhead; a read of the file is a
+// lookup in memory).
+func (p *Proxy) inCluster(d time.Duration) time.Duration {
 	if p.cfg.Store == "" {
 		return 0
 	}
-	return clusterReadAhead
-}
-
-// rescan is the scheduler's Options.Rescan: clusterRescan on the shared
-// store, none on the bbolt file, which only this node writes.
-func (p *Proxy) rescan() time.Duration {
-	if p.cfg.Store == "" {
-		return 0
-	}
-	return clusterRescan
+	return d
 }
