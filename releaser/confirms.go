@@ -107,8 +107,9 @@ func (cs *confirms) end() (lost bool) {
 }
 
 // await waits for p's confirms, for at most timeout, and sets
-// confirmed[i] for each release RabbitMQ acked.
-func (cs *confirms) await(p *pending, timeout time.Duration, confirmed []bool) {
+// confirmed[i] for each release RabbitMQ acked. It reports whether the
+// connection has ended (end was called).
+func (cs *confirms) await(p *pending, timeout time.Duration, confirmed []bool) (ended bool) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
@@ -120,4 +121,5 @@ func (cs *confirms) await(p *pending, timeout time.Duration, confirmed []bool) {
 	for n, i := range p.idx {
 		confirmed[i] = p.state[n] == acked
 	}
+	return cs.ended
 }

@@ -191,11 +191,18 @@ func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*stor
 		r.markFailed(vhost)
 	}
 	return func() {
+		ended := p == nil && err != nil // refused: the connection is ending
 		if p != nil {
 			// Confirms of what was written are awaited even when ctx
 			// ends: a message RabbitMQ took must leave the store, or a
 			// restart would release it again.
-			c.confirms.await(p, r.cfg.ConfirmTimeout, confirmed)
+			ended = c.confirms.await(p, r.cfg.ConfirmTimeout, confirmed)
+		}
+		if ended {
+			// fail ends the confirms, then closes dead: wait for it, or
+			// the 404 below goes unseen and the vhost's next batch meets
+			// a connection that is still closing.
+			<-c.dead
 		}
 		select {
 		case <-c.dead:
