@@ -70,12 +70,11 @@ func (c *commit) run(ctx context.Context) error {
 // errSlowPath: the batch needs the explicit transaction.
 var errSlowPath = errors.New("not for the fast path")
 
-// fastPuts commits a batch of Puts only in one round trip: the check that
-// every incarnation is live, the insert, the counts, the tally and the
-// notification are one pipelined batch, which PostgreSQL runs as one
-// implicit transaction committed at its end. When the check fails nothing
-// is written and the explicit transaction (runTx) finds the Puts to
-// refuse.
+// fastPuts commits a batch of Puts only in two round trips on one
+// connection: BEGIN with the COPY of the messages, then the check that
+// every incarnation is live, the counts, the tally, the notification and
+// COMMIT, pipelined. When the check fails nothing is written and the
+// explicit transaction (runTx) finds the Puts to refuse.
 func (c *commit) fastPuts(ctx context.Context) error {
 	var vhosts, names []string
 	var incs []int64
@@ -96,17 +95,40 @@ func (c *commit) fastPuts(ctx context.Context) error {
 			}
 		}
 	}
+	rows := c.encodePuts(c.reqs)
+	conn, err := c.s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// A connection left inside the transaction (an error before ROLLBACK
+	// answered) is closed by Release, never reused.
+	defer conn.Release()
+	if _, err := conn.Conn().PgConn().CopyFrom(ctx, rows.reader(), "BEGIN; "+sql(c.s.schema, copyMessagesSQL)); err != nil {
+		rollback(ctx, conn.Conn())
+		return err
+	}
 	b := &pgx.Batch{}
 	b.Queue(sql(c.s.schema, `SELECT S.require_live($1, $2, $3)`), vhosts, names, incs)
-	c.queuePuts(b, c.reqs)
 	c.queueCounts(b)
-	err := c.s.pool.SendBatch(ctx, b).Close()
+	b.Queue(`COMMIT`)
+	err = conn.SendBatch(ctx, b).Close()
+	if err != nil {
+		rollback(ctx, conn.Conn())
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == errNotLive {
 		*c = *newCommit(c.s, c.reqs, c.shard)
 		return errSlowPath
 	}
 	return err
+}
+
+// rollback ends the failed transaction on conn, when the connection
+// still answers, so that it goes back to the pool.
+func rollback(ctx context.Context, conn *pgx.Conn) {
+	if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+		_, _ = conn.Exec(ctx, `ROLLBACK`)
+	}
 }
 
 // runTx applies every request in one explicit transaction and commits it.
@@ -126,10 +148,16 @@ func (c *commit) runTx(ctx context.Context) error {
 	if err := c.deletes(ctx, tx); err != nil {
 		return err
 	}
-	b := &pgx.Batch{}
-	if err := c.puts(ctx, tx, b); err != nil {
+	accepted, err := c.puts(ctx, tx)
+	if err != nil {
 		return err
 	}
+	if rows := c.encodePuts(accepted); rows != nil {
+		if _, err := tx.Conn().PgConn().CopyFrom(ctx, rows.reader(), sql(c.s.schema, copyMessagesSQL)); err != nil {
+			return err
+		}
+	}
+	b := &pgx.Batch{}
 	c.queueCounts(b)
 	if b.Len() > 0 {
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -225,9 +253,8 @@ func (c *commit) deletes(ctx context.Context, tx pgx.Tx) error {
 
 // puts checks every Put request's incarnations against the registry in
 // the transaction, refuses the requests with one that is not live and
-// queues the insert of the others' messages (their keys set by the
-// writer) on b.
-func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
+// returns the others.
+func (c *commit) puts(ctx context.Context, tx pgx.Tx) ([]*request, error) {
 	var vhosts, names []string
 	seen := map[exKey]bool{}
 	for _, r := range c.reqs {
@@ -242,18 +269,18 @@ func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 		}
 	}
 	if len(vhosts) == 0 {
-		return nil
+		return nil, nil
 	}
 	live := map[exKey]uint64{}
 	rows, err := tx.Query(ctx, sql(c.s.schema, `SELECT e.vhost, e.name, e.incarnation FROM S.exchanges e
 		JOIN unnest($1::text[], $2::text[]) AS u(vhost, name) ON e.vhost = u.vhost AND e.name = u.name`), vhosts, names)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var k exKey
 	var inc uint64
 	if _, err := pgx.ForEachRow(rows, []any{&k.vhost, &k.name, &inc}, func() error { live[k] = inc; return nil }); err != nil {
-		return err
+		return nil, err
 	}
 	var accepted []*request
 	for _, r := range c.reqs {
@@ -270,25 +297,26 @@ func (c *commit) puts(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 			accepted = append(accepted, r)
 		}
 	}
-	c.queuePuts(b, accepted)
-	return nil
+	return accepted, nil
 }
 
-// queuePuts queues on b the insert of the messages of reqs (Puts, their
-// keys set) and accounts for them.
-func (c *commit) queuePuts(b *pgx.Batch, reqs []*request) {
-	n := 0
+// encodePuts accounts for the messages of reqs (Puts, their keys set)
+// and returns them as the rows of one COPY; nil when there are none.
+func (c *commit) encodePuts(reqs []*request) *copyRows {
+	n, size := 0, 0
 	for _, r := range reqs {
-		n += len(r.msgs)
+		for _, m := range r.msgs {
+			n, size = n+1, size+copyRowSize(m)
+		}
 	}
 	if n == 0 {
-		return
+		return nil
 	}
-	cols := newMessageColumns(n)
+	rows := newCopyRows(size)
 	soon := c.s.opts.Now().Add(c.s.opts.NotifyWithin).UnixMilli()
 	for _, r := range reqs {
 		for _, m := range r.msgs {
-			cols.add(m)
+			rows.add(m)
 			c.written++
 			c.counts[m.Incarnation]++
 			c.tally[c.tallyOf(m.Due, m.Incarnation)]++
@@ -297,10 +325,7 @@ func (c *commit) queuePuts(b *pgx.Batch, reqs []*request) {
 			}
 		}
 	}
-	b.Queue(sql(c.s.schema, `INSERT INTO S.messages (k, incarnation, vhost, exchange, routing_key, mandatory,
-		properties, body, delay, priority, message_id)
-		SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::boolean[],
-			$7::bytea[], $8::bytea[], $9::bigint[], $10::smallint[], $11::text[])`), cols.args()...)
+	return rows
 }
 
 // queueCounts queues on b the changes of the counts and the tally (this

@@ -73,9 +73,11 @@
 // requests queue for the next batch. No linger: a batch leaves as soon as
 // a committer is free. A committer runs the batch in one transaction:
 // the cancels, the deletes (one DELETE ... = ANY), the incarnation check,
-// then one multi-row INSERT from unnest(arrays), the count and tally
-// upserts and the notification, pipelined, and COMMIT. Deadlocks and
-// serialization failures are retried.
+// one binary COPY of every message (copyrows.go), then the count and
+// tally upserts and the notification, pipelined, and COMMIT. A batch of
+// Puts only takes two round trips: BEGIN with the COPY, then the check,
+// counts, tally, notification and COMMIT. Deadlocks and serialization
+// failures are retried.
 //
 // # Notifications
 //

@@ -102,3 +102,12 @@ func (s *Store) registryTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	}
 	return nil
 }
+
+// nonNil is b, or an empty slice for nil: a NULL would not fit the NOT
+// NULL columns.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
