@@ -82,7 +82,10 @@ func prefilledPG(b *testing.B, pending int, opts pgstore.Options) *pgstore.Store
 		sql  string
 		args []any
 	}{
-		{`INSERT INTO ` + sc + `.messages SELECT int8send($1 + (i * 7919) % $2) || '\xff'::bytea || int8send((1::bigint << 62) + i),
+		// Keys as the store makes them: the sequence (a counter far above
+		// the node's) * 8 + the partition.
+		{`INSERT INTO ` + sc + `.messages (part, k, incarnation, vhost, exchange, routing_key, mandatory, properties, body, delay, priority, message_id)
+			SELECT $3 % 8, int8send($1 + (i * 7919) % $2) || '\xff'::bytea || int8send(((1::bigint << 58) + i) * 8 + $3 % 8),
 			$3, '/', 'bench', 'rk', false, '\x8000'::bytea, convert_to(repeat('x', 100), 'UTF8'), 1000, 0, ''
 			FROM generate_series(1, $4::bigint) AS i`, []any{storeBase + storeHorizon, int64(storeSpread), inc, int64(pending)}},
 		{`INSERT INTO ` + sc + `.counts VALUES ($1, 0, $2)`, []any{inc, int64(pending)}},

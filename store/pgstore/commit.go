@@ -16,9 +16,9 @@ import (
 	"github.com/delayproxy/delayproxy/store"
 )
 
-// seqBlock is how many sequences one nextval of message_seq reserves
-// (its INCREMENT BY): a node hands them out in order, so that its later
-// Puts order after its earlier ones.
+// seqBlock is how many counters one nextval of message_seq reserves (its
+// INCREMENT BY): a node hands them out in order, so that its later Puts
+// order after its earlier ones; a key's sequence is keyedSeq of one.
 const seqBlock = 1024
 
 // notifyPayloadMax keeps one NOTIFY payload under PostgreSQL's 8000 bytes.
@@ -180,7 +180,7 @@ func (c *commit) cancels(ctx context.Context, tx pgx.Tx) error {
 	const byID = `WITH d AS (DELETE FROM S.messages WHERE vhost = $1 AND exchange = $2 AND message_id = $3 AND message_id <> ''
 		RETURNING k, incarnation)
 	SELECT d.k, d.incarnation, e.incarnation IS NOT NULL FROM d LEFT JOIN S.exchanges e ON e.incarnation = d.incarnation`
-	const byKey = `WITH d AS (DELETE FROM S.messages WHERE k = $1 RETURNING k, incarnation)
+	const byKey = `WITH d AS (DELETE FROM S.messages WHERE part = $1 AND k = $2 RETURNING k, incarnation)
 	SELECT d.k, d.incarnation, e.incarnation IS NOT NULL FROM d LEFT JOIN S.exchanges e ON e.incarnation = d.incarnation`
 	soon := c.s.opts.Now().Add(c.s.opts.NotifyWithin).UnixMilli() // cancels of keys due before are announced
 	for _, r := range c.reqs {
@@ -190,7 +190,7 @@ func (c *commit) cancels(ctx context.Context, tx pgx.Tx) error {
 		case opCancelID:
 			rows, err = tx.Query(ctx, sql(c.s.schema, byID), r.vhost, r.exchange, r.id)
 		case opCancelKey:
-			rows, err = tx.Query(ctx, sql(c.s.schema, byKey), r.keys[0][:])
+			rows, err = tx.Query(ctx, sql(c.s.schema, byKey), partOf(r.keys[0]), r.keys[0][:])
 		default:
 			continue
 		}
@@ -223,18 +223,16 @@ func (c *commit) cancels(ctx context.Context, tx pgx.Tx) error {
 
 // deletes removes the keys of every Delete request in one statement.
 func (c *commit) deletes(ctx context.Context, tx pgx.Tx) error {
-	var keys [][]byte
+	var keys []store.Key
 	for _, r := range c.reqs {
 		if r.kind == opDelete {
-			for i := range r.keys {
-				keys = append(keys, r.keys[i][:])
-			}
+			keys = append(keys, r.keys...)
 		}
 	}
 	if len(keys) == 0 {
 		return nil
 	}
-	rows, err := tx.Query(ctx, sql(c.s.schema, `DELETE FROM S.messages WHERE k = ANY($1) RETURNING k, incarnation`), keys)
+	rows, err := tx.Query(ctx, sql(c.s.schema, `DELETE FROM S.messages WHERE `+byKeysSQL(1)+` RETURNING k, incarnation`), keysArg(keys)...)
 	if err != nil {
 		return err
 	}
@@ -414,7 +412,7 @@ func notifyPayloads(node string, keys []Announced) []string {
 	return out
 }
 
-// takeSeqs hands out n sequences, in order, from this node's reserved
+// takeSeqs hands out n counters, in order, from this node's reserved
 // blocks, reserving the blocks it lacks in one statement. Called by the
 // writer only.
 func (s *Store) takeSeqs(ctx context.Context, n int) ([]uint64, error) {

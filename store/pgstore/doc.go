@@ -13,18 +13,23 @@
 //
 //	exchanges   (vhost, name) PK, kind, delayed_type, durable, auto_delete,
 //	            internal, arguments, incarnation UNIQUE <- sequence incarnations
-//	messages    k bytea PK = store.Key (due ms BE | 255-prio | seq BE): byte
-//	            order is release order; incarnation, vhost, exchange,
+//	messages    (part, k) PK: part = incarnation % 8, the partition;
+//	            k bytea = store.Key (due ms BE | 255-prio | seq BE), whose
+//	            byte order is release order and whose seq % 8 is part
+//	            (schema version 3); incarnation, vhost, exchange,
 //	            routing_key, mandatory, properties, body, delay, priority,
 //	            message_id
+//	              PK (part, k)                    Get, Delete, CancelKey by
+//	                                              key; ScanKeys, NextDue (a
+//	                                              Merge Append of partitions)
 //	              index (incarnation, k)          List, Counts' NextDue
-//	              index ((incarnation % 8), k)    a View's ScanKeys, NextDue
-//	              (schema version 2)
 //	              index (vhost, exchange, message_id) WHERE message_id <> ''   Cancel
 //	counts      (incarnation, shard) PK, n      stored messages per incarnation
 //	tally       (minute, shard) PK, n           stored messages per due minute;
 //	            shard = partition * 16 + the committer's shard (version 2)
-//	message_seq sequence, INCREMENT BY 1024     a node takes 1024 keys per nextval
+//	message_seq sequence, INCREMENT BY 1024     a node takes 1024 counters per
+//	                                            nextval; a key's seq is
+//	                                            counter * 8 + partition
 //
 // # Invariants
 //
@@ -44,9 +49,11 @@
 //     transaction, so a node whose registry cache is behind cannot store
 //     under a dead incarnation; a delete racing it may still leave the
 //     message stored stale, which the contract allows.
-//   - Sequences: the writer goroutine hands out keys in queue order from
-//     blocks of 1024 it reserves, so a Put that returned orders before
-//     any Put called after it on the same node. Across nodes keys are
+//   - Sequences: the writer goroutine hands out counters in queue order
+//     from blocks of 1024 it reserves, so a Put that returned orders
+//     before any Put called after it on the same node. A key's sequence
+//     is counter * 8 + its message's partition, so a key alone says the
+//     row's part: a lookup by key is one probe of the primary key. Across nodes keys are
 //     unique but "later" means nothing finer than the due millisecond and
 //     priority: two nodes' messages with equal due time and priority are
 //     released in an order that need not be publish order.
@@ -60,9 +67,11 @@
 // messages of one exchange are in one partition. The releaser role is
 // held per partition (package lease); the node holding a set of
 // partitions runs its Scheduler on View(set): the store whose ScanKeys,
-// NextDue, Upcoming and Get see only those partitions, each read on the
-// index messages_partition (never a scan of the table). The admin API
-// reads the whole store.
+// NextDue, Upcoming and Get see only those partitions. The primary key
+// leads with the partition: a scan reads one range of it per partition,
+// merged in key order (Merge Append, each range read only as far as the
+// merge takes it), never a scan of the table. The admin API reads the
+// whole store, all eight partitions merged the same way.
 //
 // # Group commit
 //

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/delayproxy/delayproxy/store"
 )
 
 // A commit whose connection failed after the commit was sent is in doubt:
@@ -29,11 +31,11 @@ func (s *Store) resolveInDoubt(c *commit, err error) error {
 	if err == nil || pgconn.SafeToRetry(err) || errors.As(err, &ce) {
 		return err
 	}
-	var keys [][]byte
+	var keys []store.Key
 	for _, r := range c.reqs {
 		if r.kind == opPut && c.refused[r] == nil {
 			for _, m := range r.msgs {
-				keys = append(keys, m.Key[:])
+				keys = append(keys, m.Key)
 			}
 		}
 	}
@@ -44,7 +46,7 @@ func (s *Store) resolveInDoubt(c *commit, err error) error {
 	defer cancel()
 	for {
 		var found bool
-		qerr := s.pool.QueryRow(ctx, sql(s.schema, `SELECT EXISTS (SELECT 1 FROM S.messages WHERE k = ANY($1))`), keys).Scan(&found)
+		qerr := s.pool.QueryRow(ctx, sql(s.schema, `SELECT EXISTS (SELECT 1 FROM S.messages WHERE `+byKeysSQL(1)+`)`), keysArg(keys)...).Scan(&found)
 		switch {
 		case qerr == nil && found:
 			s.opts.Logger.Warn("store: a commit in doubt was committed", "messages", len(keys), "err", err)

@@ -55,7 +55,7 @@ func TestOpenErrors(t *testing.T) {
 		{"unparsable", "postgres://u:hunter2@host:notaport/db", "x", []string{"not a valid PostgreSQL URL", "invalid port"}},
 		{"unreachable", "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2", "x", []string{"cannot connect", "127.0.0.1"}},
 		{"no permission to create the schema", withUser(t, role, "hunter2"), teststore.PGSchema(t), []string{"create schema", "permission denied", "42501"}},
-		{"newer schema", teststore.PGURL(), newer, []string{"version 99", "newer than this delayproxy's 2"}},
+		{"newer schema", teststore.PGURL(), newer, []string{"version 99", "newer than this delayproxy's 3"}},
 		{"bad schema name", teststore.PGURL(), "Bad-Name", []string{"schema name"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -2,7 +2,9 @@ package pgstore
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/delayproxy/delayproxy/store"
 )
@@ -11,35 +13,93 @@ import (
 // releaser role: a message's partition is its exchange's incarnation
 // modulo Partitions (PartitionOf), so all the messages of one exchange
 // incarnation are in one partition and released by one node at a time, in
-// order. It is a constant of the schema: the index messages_partition
-// (schema version 2) is on (incarnation % 8).
+// order. It is a constant of the schema: the column part, which leads the
+// primary key (part, k) since schema version 3.
 const Partitions = 8
-
-// partitionSQL is a message's partition in SQL, written as the index
-// messages_partition is, so that the planner uses it.
-const partitionSQL = `(incarnation % 8)`
-
-// viewScanChunk is the most keys a View's ScanKeys reads per statement
-// (growing from firstScanChunk as ScanKeys's do): the scheduler's load
-// (4,096 at a time), as each statement reads up to that many keys of every
-// partition of the view.
-const viewScanChunk = 4096
-
-// viewChunkSQL reads up to $3 keys k of the partitions $4 with $1 <= k <
-// $2 (keyChunk puts > for >=), in order: each partition's in order on the
-// index messages_partition, then the first $3 of them all.
-const viewChunkSQL = `SELECT x.k FROM unnest($4::bigint[]) AS p(p) CROSS JOIN LATERAL (
-	SELECT k FROM S.messages WHERE ` + partitionSQL + ` = p.p AND k >= $1 AND k < $2 ORDER BY k LIMIT $3) x
-	ORDER BY x.k LIMIT $3`
-
-// viewNextDueSQL reads the first key of the partitions $1: one index probe
-// each.
-const viewNextDueSQL = `SELECT x.k FROM unnest($1::bigint[]) AS p(p) CROSS JOIN LATERAL (
-	SELECT k FROM S.messages WHERE ` + partitionSQL + ` = p.p ORDER BY k LIMIT 1) x
-	ORDER BY x.k LIMIT 1`
 
 // PartitionOf is the partition of the messages of an exchange incarnation.
 func PartitionOf(incarnation uint64) int { return int(incarnation % Partitions) }
+
+// partOf is the partition of the message stored under k: the writer gives
+// every key a sequence whose remainder modulo Partitions is the partition
+// of its message (keyedSeq), so that a key alone finds its row.
+func partOf(k store.Key) int16 { return int16(k.Seq() % Partitions) }
+
+// keyedSeq is the sequence of a key of partition part, from a counter the
+// node hands out in order: later counters make later sequences, whatever
+// the partitions.
+func keyedSeq(counter uint64, part int) uint64 { return counter*Partitions + uint64(part) }
+
+// branches writes one statement per partition, branch(i) for partition
+// slot i, joined by UNION ALL.
+func branches(branch func(i int) string) string {
+	var b strings.Builder
+	for i := range Partitions {
+		if i > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		b.WriteString(branch(i))
+	}
+	return b.String()
+}
+
+// keyChunkSQL reads, in key order, up to $3 keys k with $1 <= k < $2
+// (keyChunk puts > for >=) of the partitions in $4 (an array of
+// Partitions elements, -1 for none; partsArg): a Merge Append of one range
+// of the primary key per partition, each read only as far as the merge
+// takes it, so a statement reads about $3 keys however many partitions.
+var keyChunkSQL = `SELECT k FROM (` + branches(func(i int) string {
+	return fmt.Sprintf(`(SELECT k FROM S.messages WHERE part = ($4::smallint[])[%d] AND k >= $1 AND k < $2 ORDER BY k LIMIT $3)`, i+1)
+}) + `) x ORDER BY k LIMIT $3`
+
+// nextDueSQL reads the first key of the partitions in $1 (as $4 of
+// keyChunkSQL): one probe of the primary key each.
+var nextDueSQL = `SELECT k FROM (` + branches(func(i int) string {
+	return fmt.Sprintf(`(SELECT k FROM S.messages WHERE part = ($1::smallint[])[%d] ORDER BY k LIMIT 1)`, i+1)
+}) + `) x ORDER BY k LIMIT 1`
+
+// partsArg is parts (each in [0, Partitions), ascending, none twice) as
+// the array of Partitions elements keyChunkSQL and nextDueSQL take.
+func partsArg(parts []int16) []int16 {
+	arg := slices.Repeat([]int16{-1}, Partitions)
+	copy(arg, parts)
+	return arg
+}
+
+// allParts is every partition.
+var allParts = []int16{0, 1, 2, 3, 4, 5, 6, 7}
+
+// byKeysSQL is the condition that finds the rows of the keys keysArg
+// gives as parameters $first to $first+Partitions-1: one set of probes
+// of the primary key per partition (a BitmapOr of index scans).
+func byKeysSQL(first int) string {
+	var b strings.Builder
+	for i := range Partitions {
+		if i > 0 {
+			b.WriteString(" OR ")
+		}
+		fmt.Fprintf(&b, "(part = %d AND k = ANY($%d))", i, first+i)
+	}
+	return b.String()
+}
+
+// keysArg is keys as the parameters of byKeysSQL: the keys of each
+// partition, in partition order.
+func keysArg(keys []store.Key) []any {
+	byPart := make([][][]byte, Partitions)
+	for i := range keys {
+		p := partOf(keys[i])
+		byPart[p] = append(byPart[p], keys[i][:])
+	}
+	args := make([]any, Partitions)
+	for p, ks := range byPart {
+		if ks == nil {
+			ks = [][]byte{}
+		}
+		args[p] = ks
+	}
+	return args
+}
 
 // Announced is a key another node (or this one) announced, with its
 // partition; Partition is -1 when the announcing node did not say it.
@@ -54,7 +114,7 @@ type Announced struct {
 // is the Store's. It satisfies scheduler.Store.
 type View struct {
 	s     *Store
-	parts []int64 // ascending
+	parts []int16 // ascending
 }
 
 // View is the store restricted to the partitions parts (each in [0,
@@ -62,45 +122,31 @@ type View struct {
 func (s *Store) View(parts []int) *View {
 	v := &View{s: s}
 	for _, p := range parts {
-		v.parts = append(v.parts, int64(p))
+		v.parts = append(v.parts, int16(p))
 	}
 	slices.Sort(v.parts)
 	v.parts = slices.Compact(v.parts)
 	if v.parts == nil {
-		v.parts = []int64{} // none, not all
+		v.parts = []int16{} // none, not all
 	}
 	return v
 }
 
 // holds reports whether the view's partitions hold the messages of inc.
 func (v *View) holds(inc uint64) bool {
-	_, ok := slices.BinarySearch(v.parts, int64(PartitionOf(inc)))
+	_, ok := slices.BinarySearch(v.parts, int16(PartitionOf(inc)))
 	return ok
 }
 
 // ScanKeys calls fn with the keys of the view's partitions due in [from,
-// until), in key order; see store.Store. Each chunk reads each partition
-// in key order on the index messages_partition.
+// until), in key order; see store.Store.
 func (v *View) ScanKeys(from, until int64, fn func(store.Key) error) error {
-	if v.all() {
-		return v.s.ScanKeys(from, until, fn) // one ordered read of the key index
-	}
 	return v.s.scanKeys(v.parts, from, until, fn)
 }
 
-// all reports whether the view holds every partition: it then reads as
-// the store does, on the primary key, rather than partition by partition
-// (each chunk would read up to Partitions times the keys it keeps).
-func (v *View) all() bool { return len(v.parts) == Partitions }
-
 // NextDue is the due time of the earliest message of the view's
 // partitions: one index probe per partition.
-func (v *View) NextDue() (int64, bool) {
-	if v.all() {
-		return v.s.NextDue()
-	}
-	return v.s.nextDue(viewNextDueSQL, v.parts)
-}
+func (v *View) NextDue() (int64, bool) { return v.s.nextDue(v.parts) }
 
 // Upcoming counts the messages of the view's partitions by due time, as
 // store.Store's Upcoming does: from the tally rows of those partitions

@@ -120,29 +120,31 @@ func TestViewReads(t *testing.T) {
 }
 
 // TestViewPlansUseTheIndex: at 200,000 messages in 8 partitions, a view's
-// scan and next due read the index messages_partition and never scan the
-// table.
+// scan and next due read the primary key, partition by partition, and
+// never scan the table; a scan merges the partitions' ranges as far as
+// its limit.
 func TestViewPlansUseTheIndex(t *testing.T) {
 	ctx := context.Background()
 	schema := teststore.PGSchema(t)
-	if err := pgstore.MigrateTo(ctx, teststore.PGURL(), schema, 2); err != nil {
+	if err := pgstore.MigrateTo(ctx, teststore.PGURL(), schema, 3); err != nil {
 		t.Fatal(err)
 	}
 	// Rows written straight, without the counts: only the plans matter.
-	exec(t, fmt.Sprintf(`INSERT INTO %s.messages (k, incarnation, vhost, exchange, routing_key, mandatory, properties, body, delay, priority, message_id)
-		SELECT int8send(%d + i * 10) || '\xff'::bytea || int8send(i), i %% 8 + 1, '/', 'x', '', false, '', '', 0, 0, ''
+	exec(t, fmt.Sprintf(`INSERT INTO %s.messages (part, k, incarnation, vhost, exchange, routing_key, mandatory, properties, body, delay, priority, message_id)
+		SELECT (i %% 8 + 1) %% 8, int8send(%d + i * 10) || '\xff'::bytea || int8send(i * 8 + (i %% 8 + 1) %% 8), i %% 8 + 1, '/', 'x', '', false, '', '', 0, 0, ''
 		FROM generate_series(1, 200000) AS i`, schema, storetest.Base), "ANALYZE "+schema+".messages")
 	conn, err := pgx.Connect(ctx, teststore.PGURL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = conn.Close(ctx) }()
+	parts := []int16{1, 2, 5, -1, -1, -1, -1, -1}
 	for name, q := range pgstore.ViewQueries {
-		args := []any{[]int64{1, 2, 5}}
+		args := []any{parts}
 		if name == "scan" {
-			args = []any{[]byte{0}, []byte{0xff}, 10_000, []int64{1, 2, 5}}
+			args = []any{[]byte{0}, []byte{0xff}, 10_000, parts}
 		}
-		rows, err := conn.Query(ctx, "EXPLAIN "+strings.ReplaceAll(q, "S.", schema+"."), args...)
+		rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+strings.ReplaceAll(q, "S.", schema+"."), args...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,16 +153,35 @@ func TestViewPlansUseTheIndex(t *testing.T) {
 			t.Fatal(err)
 		}
 		text := strings.Join(plan, "\n")
-		if !strings.Contains(text, "messages_partition") || strings.Contains(text, "Seq Scan on messages") {
-			t.Errorf("%s: the plan does not read the index messages_partition only:\n%s", name, text)
+		if !strings.Contains(text, "Merge Append") || !strings.Contains(text, "messages_pkey") || strings.Contains(text, "Seq Scan") {
+			t.Errorf("%s: the plan does not merge ranges of the primary key:\n%s", name, text)
+		}
+		if name == "scan" {
+			// Each partition's range is read only as far as the merge
+			// took it: about 10,000 index entries in all, not 10,000 each.
+			read := 0
+			for _, line := range plan {
+				var n int
+				if i := strings.Index(line, "Index Only Scan"); i < 0 {
+					continue
+				}
+				if _, err := fmt.Sscanf(line[strings.Index(line, "(actual rows="):], "(actual rows=%d", &n); err != nil {
+					t.Fatalf("scan: %q: %v", line, err)
+				}
+				read += n
+			}
+			if read < 10_000 || read > 10_000+pgstore.Partitions {
+				t.Errorf("scan: the partitions' ranges read %d keys for 10,000:\n%s", read, text)
+			}
 		}
 	}
 }
 
 // TestUpgradeFromVersion1: a schema at version 1 with messages (their
 // tally rows in version 1's shards) is migrated by Open: the counts and
-// tally check, views read the old messages by partition, and new ones are
-// stored beside them.
+// tally check, every old message has its new key (sequence * 8 +
+// partition, version 3), views read the old messages by partition, and new
+// ones are stored beside them, after them in key order.
 func TestUpgradeFromVersion1(t *testing.T) {
 	ctx := context.Background()
 	schema := teststore.PGSchema(t)
@@ -184,18 +205,25 @@ func TestUpgradeFromVersion1(t *testing.T) {
 				schema, m.Key[:], inc, e))
 		}
 	}
-	stmts = append(stmts, fmt.Sprintf(`INSERT INTO %s.tally SELECT %d + g, 0, 30 FROM generate_series(0, 9) AS g`, schema, storetest.Base/60_000))
+	stmts = append(stmts, fmt.Sprintf(`INSERT INTO %s.tally SELECT %d + g, 0, 30 FROM generate_series(0, 9) AS g`, schema, storetest.Base/60_000),
+		fmt.Sprintf(`SELECT nextval('%s.message_seq')`, schema)) // the block the sequences above came from
 	exec(t, stmts...)
 
 	s := teststore.OpenPG(t, schema, pgstore.Options{})
 	if err := s.Check(); err != nil {
 		t.Fatalf("after the upgrade: %v", err)
 	}
+	for _, m := range msgs {
+		m.Key = store.MakeKey(m.Due, m.Priority, m.Key.Seq()*pgstore.Partitions+uint64(pgstore.PartitionOf(m.Incarnation)))
+	}
 	for _, parts := range [][]int{{1}, {2, 3}, {0, 4, 5, 6, 7}} {
 		checkView(t, s, partitionWant{parts: parts, msgs: msgs})
 	}
-	m := storetest.Message("x1", storetest.Base+1, 0, "new")
+	m := storetest.Message("x1", storetest.Base, 0, "new")
 	storetest.Put(t, s, m)
+	if old := msgs[100]; store.CompareKeys(m.Key, old.Key) <= 0 || m.Key.Due() != old.Key.Due() {
+		t.Errorf("a new message's key %x does not follow an old one's of the same due time, %x", m.Key, old.Key)
+	}
 	msgs = append(msgs, m)
 	checkView(t, s, partitionWant{parts: []int{2}, msgs: msgs})
 	if got := s.Upcoming([]int64{storetest.Base + 60_000}); got[0] != 31 || got[1] != 270 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -52,16 +53,16 @@ func (s *Store) Get(keys []store.Key) ([]*store.Message, error) {
 		return out, nil
 	}
 	at := make(map[store.Key][]int, len(keys))
-	kb := make([][]byte, 0, len(keys))
+	unique := make([]store.Key, 0, len(keys))
 	for i, k := range keys {
 		if at[k] == nil {
-			kb = append(kb, k[:])
+			unique = append(unique, k)
 		}
 		at[k] = append(at[k], i)
 	}
 	ctx, cancel := readCtx()
 	defer cancel()
-	rows, err := s.pool.Query(ctx, sql(s.schema, `SELECT `+messageColumnsSQL+`, body FROM S.messages WHERE k = ANY($1)`), kb)
+	rows, err := s.pool.Query(ctx, sql(s.schema, `SELECT `+messageColumnsSQL+`, body FROM S.messages WHERE `+byKeysSQL(1)), keysArg(unique)...)
 	if err != nil {
 		return nil, fmt.Errorf("store: get: %w", err)
 	}
@@ -94,10 +95,11 @@ func dueBound(due int64) []byte {
 	return b
 }
 
-// scanChunk is the most keys ScanKeys reads per statement. Its first
-// statement reads firstScanChunk, and each next one twice as many: a
-// caller that stops early (the scheduler's loader takes 512 or 4,096 keys
-// at a time) does not make the database read and send ten thousand.
+// scanChunk is the most keys ScanKeys (a View's too) reads per statement.
+// Its first statement reads firstScanChunk, and each next one twice as
+// many: a caller that stops early (the scheduler's loader takes 512 or
+// 4,096 keys at a time) does not make the database read and send ten
+// thousand.
 const (
 	scanChunk      = 10_000
 	firstScanChunk = 256
@@ -106,11 +108,11 @@ const (
 // ScanKeys calls fn with the keys due in [from, until); see store.Store.
 // It reads them in chunks by key, so fn runs outside any statement.
 func (s *Store) ScanKeys(from, until int64, fn func(store.Key) error) error {
-	return s.scanKeys(nil, from, until, fn)
+	return s.scanKeys(allParts, from, until, fn)
 }
 
-// scanKeys is ScanKeys over the partitions parts, nil: all.
-func (s *Store) scanKeys(parts []int64, from, until int64, fn func(store.Key) error) error {
+// scanKeys is ScanKeys over the partitions parts.
+func (s *Store) scanKeys(parts []int16, from, until int64, fn func(store.Key) error) error {
 	if s.isClosed() {
 		return store.ErrClosed
 	}
@@ -121,9 +123,8 @@ func (s *Store) scanKeys(parts []int64, from, until int64, fn func(store.Key) er
 	if until == math.MaxInt64 {
 		hi = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	}
-	most := scanChunk
-	if parts != nil {
-		most = viewScanChunk
+	if len(parts) == 0 {
+		return nil
 	}
 	chunk := firstScanChunk
 	inclusive := true
@@ -149,23 +150,17 @@ func (s *Store) scanKeys(parts []int64, from, until int64, fn func(store.Key) er
 		}
 		last := keys[len(keys)-1]
 		lo, inclusive = last[:], false
-		chunk = min(2*chunk, most)
+		chunk = min(2*chunk, scanChunk)
 	}
 }
 
-// keyChunk reads up to chunk keys k of the partitions parts (nil: all)
-// with k op lo and k < hi, in order. Over partitions, each partition's
-// keys are read in order on the index messages_partition, up to chunk,
-// and the first chunk of them all kept.
-func (s *Store) keyChunk(parts []int64, op string, lo, hi []byte, chunk int) ([]store.Key, error) {
+// keyChunk reads up to chunk keys k of the partitions parts with k op lo
+// and k < hi, in order (keyChunkSQL).
+func (s *Store) keyChunk(parts []int16, op string, lo, hi []byte, chunk int) ([]store.Key, error) {
 	ctx, cancel := readCtx()
 	defer cancel()
-	q, args := `SELECT k FROM S.messages WHERE k `+op+` $1 AND k < $2 ORDER BY k LIMIT $3`, []any{lo, hi, chunk}
-	if parts != nil {
-		q = strings.Replace(viewChunkSQL, ">=", op, 1)
-		args = append(args, parts)
-	}
-	rows, err := s.pool.Query(ctx, sql(s.schema, q), args...)
+	q := strings.ReplaceAll(keyChunkSQL, "k >= $1", "k "+op+" $1")
+	rows, err := s.pool.Query(ctx, sql(s.schema, q), lo, hi, chunk, partsArg(parts))
 	if err != nil {
 		return nil, fmt.Errorf("store: scan: %w", err)
 	}
@@ -183,19 +178,17 @@ func (s *Store) keyChunk(parts []int64, op string, lo, hi []byte, chunk int) ([]
 }
 
 // NextDue is the due time of the earliest stored message; see store.Store.
-func (s *Store) NextDue() (int64, bool) {
-	return s.nextDue(`SELECT k FROM S.messages ORDER BY k LIMIT 1`)
-}
+func (s *Store) NextDue() (int64, bool) { return s.nextDue(allParts) }
 
-// nextDue runs q, which reads the first key of some messages, with args.
-func (s *Store) nextDue(q string, args ...any) (int64, bool) {
-	if s.isClosed() {
+// nextDue is NextDue over the partitions parts.
+func (s *Store) nextDue(parts []int16) (int64, bool) {
+	if s.isClosed() || len(parts) == 0 {
 		return 0, false
 	}
 	ctx, cancel := readCtx()
 	defer cancel()
 	var kb []byte
-	err := s.pool.QueryRow(ctx, sql(s.schema, q), args...).Scan(&kb)
+	err := s.pool.QueryRow(ctx, sql(s.schema, nextDueSQL), partsArg(parts)).Scan(&kb)
 	if errors.Is(err, pgx.ErrNoRows) || s.isClosed() {
 		return 0, false
 	}
@@ -332,7 +325,7 @@ func (s *Store) Upcoming(bounds []int64) []int64 {
 }
 
 // upcoming is Upcoming over the partitions parts, nil: all.
-func (s *Store) upcoming(parts []int64, bounds []int64) []int64 {
+func (s *Store) upcoming(parts []int16, bounds []int64) []int64 {
 	out := make([]int64, len(bounds)+1)
 	first, last := int64(0), int64(0)
 	if len(bounds) > 0 {
@@ -344,7 +337,7 @@ func (s *Store) upcoming(parts []int64, bounds []int64) []int64 {
 	tallyIn, countsIn, args := "", "", []any{first, last}
 	if parts != nil {
 		tallyIn = fmt.Sprintf(" AND shard / %d = ANY($3)", shards)
-		countsIn = " WHERE " + partitionSQL + " = ANY($3)"
+		countsIn = " WHERE incarnation % " + strconv.Itoa(Partitions) + " = ANY($3)"
 		args = append(args, parts)
 	}
 	rows, err := s.pool.Query(ctx, sql(s.schema, `

@@ -161,7 +161,7 @@ func (s *Store) assignKeys(batch []*request) error {
 			continue
 		}
 		for _, m := range r.msgs {
-			m.Key = store.MakeKey(m.Due, m.Priority, seqs[0])
+			m.Key = store.MakeKey(m.Due, m.Priority, keyedSeq(seqs[0], PartitionOf(m.Incarnation)))
 			seqs = seqs[1:]
 		}
 	}
