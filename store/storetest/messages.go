@@ -217,6 +217,9 @@ func testReopenKeepsEverything(t *testing.T, h *harness) {
 		m.MessageID = fmt.Sprintf("id-%d", i%5)
 		m.Mandatory = i%2 == 0
 		m.Delay = int64(i) * 1000
+		if i == 0 { // empty fields, and text beyond ASCII
+			m.Properties, m.Body, m.RoutingKey = nil, []byte{}, "clé-ü"
+		}
 		msgs = append(msgs, m)
 	}
 	h.put(msgs...)
