@@ -232,7 +232,7 @@ func (c *commit) deletes(ctx context.Context, tx pgx.Tx) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	rows, err := tx.Query(ctx, sql(c.s.schema, `DELETE FROM S.messages WHERE `+byKeysSQL(1)+` RETURNING k, incarnation`), keysArg(keys)...)
+	rows, err := tx.Query(ctx, sql(c.s.schema, `DELETE FROM S.messages WHERE `+byKeysSQL+` RETURNING k, incarnation`), keysArg(keys)...)
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ func (s *Store) resolveInDoubt(c *commit, err error) error {
 	defer cancel()
 	for {
 		var found bool
-		qerr := s.pool.QueryRow(ctx, sql(s.schema, `SELECT EXISTS (SELECT 1 FROM S.messages WHERE `+byKeysSQL(1)+`)`), keysArg(keys)...).Scan(&found)
+		qerr := s.pool.QueryRow(ctx, sql(s.schema, `SELECT EXISTS (SELECT 1 FROM S.messages WHERE `+byKeysSQL+`)`), keysArg(keys)...).Scan(&found)
 		switch {
 		case qerr == nil && found:
 			s.opts.Logger.Warn("store: a commit in doubt was committed", "messages", len(keys), "err", err)

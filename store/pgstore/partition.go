@@ -70,18 +70,15 @@ func partsArg(parts []int16) []int16 {
 var allParts = []int16{0, 1, 2, 3, 4, 5, 6, 7}
 
 // byKeysSQL is the condition that finds the rows of the keys keysArg
-// gives as parameters $first to $first+Partitions-1: one set of probes
-// of the primary key per partition (a BitmapOr of index scans).
-func byKeysSQL(first int) string {
-	var b strings.Builder
-	for i := range Partitions {
-		if i > 0 {
-			b.WriteString(" OR ")
-		}
-		fmt.Fprintf(&b, "(part = %d AND k = ANY($%d))", i, first+i)
+// gives as parameters $1 to $8: one set of probes of the primary key per
+// partition (a BitmapOr of index scans).
+var byKeysSQL = func() string {
+	conds := make([]string, Partitions)
+	for i := range conds {
+		conds[i] = fmt.Sprintf("(part = %d AND k = ANY($%d))", i, i+1)
 	}
-	return b.String()
-}
+	return strings.Join(conds, " OR ")
+}()
 
 // keysArg is keys as the parameters of byKeysSQL: the keys of each
 // partition, in partition order.

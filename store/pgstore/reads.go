@@ -62,7 +62,7 @@ func (s *Store) Get(keys []store.Key) ([]*store.Message, error) {
 	}
 	ctx, cancel := readCtx()
 	defer cancel()
-	rows, err := s.pool.Query(ctx, sql(s.schema, `SELECT `+messageColumnsSQL+`, body FROM S.messages WHERE `+byKeysSQL(1)), keysArg(unique)...)
+	rows, err := s.pool.Query(ctx, sql(s.schema, `SELECT `+messageColumnsSQL+`, body FROM S.messages WHERE `+byKeysSQL), keysArg(unique)...)
 	if err != nil {
 		return nil, fmt.Errorf("store: get: %w", err)
 	}
