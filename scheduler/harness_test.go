@@ -319,6 +319,22 @@ type pipeline struct {
 	published chan []string // one value per Publish, in call order
 }
 
+// awaitPublished returns the ids of the first n messages published, in
+// publish order, and fails t if they are not all published within 10 s.
+func (p *pipeline) awaitPublished(t *testing.T, n int) []string {
+	t.Helper()
+	var got []string
+	for len(got) < n {
+		select {
+		case ids := <-p.published:
+			got = append(got, ids...)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d of %d published", len(got), n)
+		}
+	}
+	return got
+}
+
 func (p *pipeline) Publish(ctx context.Context, batch []*store.Message) func() []bool {
 	ids := make([]string, len(batch))
 	for i, m := range batch {

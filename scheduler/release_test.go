@@ -372,16 +372,7 @@ func TestPipelinedReleaserKeepsOrderWithBatchesInFlight(t *testing.T) {
 	h.start()
 	h.clk.Advance(10 * time.Millisecond) // not h.advance: that waits for confirms
 	// Every batch is published before any confirm arrives: pipelined.
-	var got []string
-	for len(got) < 40 {
-		select {
-		case ids := <-p.published:
-			got = append(got, ids...)
-		case <-time.After(10 * time.Second):
-			t.Fatalf("only %d of 40 published while confirms were held back", len(got))
-		}
-	}
-	if !slices.Equal(got, want) {
+	if got := p.awaitPublished(t, 40); !slices.Equal(got, want) {
 		t.Fatalf("published in order\n%v\nwant\n%v", got, want)
 	}
 	close(p.open)
@@ -429,16 +420,7 @@ func TestBatchesReadAheadKeepOrder(t *testing.T) {
 	want := inReleaseOrder(msgs...)
 	h.start()
 	h.clk.Advance(10 * time.Millisecond)
-	var got []string
-	for len(got) < 40 {
-		select {
-		case ids := <-p.published:
-			got = append(got, ids...)
-		case <-time.After(10 * time.Second):
-			t.Fatalf("only %d of 40 published", len(got))
-		}
-	}
-	if !slices.Equal(got, want) {
+	if got := p.awaitPublished(t, 40); !slices.Equal(got, want) {
 		t.Fatalf("published in order\n%v\nwant\n%v", got, want)
 	}
 	close(p.open)
