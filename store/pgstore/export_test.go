@@ -19,4 +19,4 @@ func MigrateTo(ctx context.Context, url, schema string, version int) error {
 
 // ViewQueries are the statements of a View's ScanKeys and NextDue, with
 // "S." for the schema, for tests of their plans.
-var ViewQueries = map[string]string{"scan": keyChunkSQL, "next due": nextDueSQL}
+var ViewQueries = map[string]string{"scan": keyChunkFromSQL, "next due": nextDueSQL}

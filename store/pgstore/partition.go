@@ -43,14 +43,23 @@ func branches(branch func(i int) string) string {
 	return b.String()
 }
 
-// keyChunkSQL reads, in key order, up to $3 keys k with $1 <= k < $2
-// (keyChunk puts > for >=) of the partitions in $4 (an array of
-// Partitions elements, -1 for none; partsArg): a Merge Append of one range
-// of the primary key per partition, each read only as far as the merge
-// takes it, so a statement reads about $3 keys however many partitions.
-var keyChunkSQL = `SELECT k FROM (` + branches(func(i int) string {
-	return fmt.Sprintf(`(SELECT k FROM S.messages WHERE part = ($4::smallint[])[%d] AND k >= $1 AND k < $2 ORDER BY k LIMIT $3)`, i+1)
-}) + `) x ORDER BY k LIMIT $3`
+// keyChunkSQL reads, in key order, up to $3 keys k with k op $1 and k <
+// $2 of the partitions in $4 (an array of Partitions elements, -1 for
+// none; partsArg): a Merge Append of one range of the primary key per
+// partition, each read only as far as the merge takes it, so a statement
+// reads about $3 keys however many partitions.
+func keyChunkSQL(op string) string {
+	return `SELECT k FROM (` + branches(func(i int) string {
+		return fmt.Sprintf(`(SELECT k FROM S.messages WHERE part = ($4::smallint[])[%d] AND k %s $1 AND k < $2 ORDER BY k LIMIT $3)`, i+1, op)
+	}) + `) x ORDER BY k LIMIT $3`
+}
+
+// keyChunkFromSQL and keyChunkAfterSQL are keyChunkSQL from $1 and after
+// it.
+var (
+	keyChunkFromSQL  = keyChunkSQL(">=")
+	keyChunkAfterSQL = keyChunkSQL(">")
+)
 
 // nextDueSQL reads the first key of the partitions in $1 (as $4 of
 // keyChunkSQL): one probe of the primary key each.
@@ -66,8 +75,14 @@ func partsArg(parts []int16) []int16 {
 	return arg
 }
 
-// allParts is every partition.
-var allParts = []int16{0, 1, 2, 3, 4, 5, 6, 7}
+// allParts is every partition, in order.
+var allParts = func() []int16 {
+	parts := make([]int16, Partitions)
+	for i := range parts {
+		parts[i] = int16(i)
+	}
+	return parts
+}()
 
 // byKeysSQL is the condition that finds the rows of the keys keysArg
 // gives as parameters $1 to $8: one set of probes of the primary key per

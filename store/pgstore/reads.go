@@ -7,7 +7,6 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -127,13 +126,9 @@ func (s *Store) scanKeys(parts []int16, from, until int64, fn func(store.Key) er
 		return nil
 	}
 	chunk := firstScanChunk
-	inclusive := true
+	after := false // lo itself is in the range until a chunk ends at it
 	for {
-		op := ">"
-		if inclusive {
-			op = ">="
-		}
-		keys, err := s.keyChunk(parts, op, lo, hi, chunk)
+		keys, err := s.keyChunk(parts, after, lo, hi, chunk)
 		if err != nil {
 			return err
 		}
@@ -149,17 +144,20 @@ func (s *Store) scanKeys(parts []int16, from, until int64, fn func(store.Key) er
 			return nil
 		}
 		last := keys[len(keys)-1]
-		lo, inclusive = last[:], false
+		lo, after = last[:], true
 		chunk = min(2*chunk, scanChunk)
 	}
 }
 
-// keyChunk reads up to chunk keys k of the partitions parts with k op lo
-// and k < hi, in order (keyChunkSQL).
-func (s *Store) keyChunk(parts []int16, op string, lo, hi []byte, chunk int) ([]store.Key, error) {
+// keyChunk reads up to chunk keys k of the partitions parts with lo <= k
+// (lo < k when after) and k < hi, in order (keyChunkSQL).
+func (s *Store) keyChunk(parts []int16, after bool, lo, hi []byte, chunk int) ([]store.Key, error) {
 	ctx, cancel := readCtx()
 	defer cancel()
-	q := strings.ReplaceAll(keyChunkSQL, "k >= $1", "k "+op+" $1")
+	q := keyChunkFromSQL
+	if after {
+		q = keyChunkAfterSQL
+	}
 	rows, err := s.pool.Query(ctx, sql(s.schema, q), lo, hi, chunk, partsArg(parts))
 	if err != nil {
 		return nil, fmt.Errorf("store: scan: %w", err)
