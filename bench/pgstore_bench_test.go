@@ -89,8 +89,9 @@ func prefilledPG(b *testing.B, pending int, opts pgstore.Options) *pgstore.Store
 			$3, '/', 'bench', 'rk', false, '\x8000'::bytea, convert_to(repeat('x', 100), 'UTF8'), 1000, 0, ''
 			FROM generate_series(1, $4::bigint) AS i`, []any{storeBase + storeHorizon, int64(storeSpread), inc, int64(pending)}},
 		{`INSERT INTO ` + sc + `.counts VALUES ($1, 0, $2)`, []any{inc, int64(pending)}},
-		{`INSERT INTO ` + sc + `.tally SELECT m, 0, count(*) FROM (SELECT (('x' || encode(substr(k, 1, 8), 'hex'))::bit(64)::bigint) / 60000 AS m
-			FROM ` + sc + `.messages) AS t GROUP BY m`, nil},
+		// The tally's shard is partition * 16 + a committer's shard.
+		{`INSERT INTO ` + sc + `.tally SELECT m, ($1 % 8) * 16, count(*) FROM (SELECT (('x' || encode(substr(k, 1, 8), 'hex'))::bit(64)::bigint) / 60000 AS m
+			FROM ` + sc + `.messages) AS t GROUP BY m`, []any{inc}},
 	} {
 		if _, err := tx.Exec(ctx, q.sql, q.args...); err != nil {
 			b.Fatalf("%s: %v", q.sql, err)
