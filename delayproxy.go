@@ -121,7 +121,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		return err
 	}
 	icpt = delayed.New(delayed.Config{
-		Store:               st,
+		Store:               warmingStore{Store: st, warm: func(vhost string) { rel.Warm(ctx, vhost) }},
 		Scheduler:           sched,
 		MaxDelay:            p.cfg.MaxDelay,
 		ReleaseWindow:       p.cfg.ReleaseWindow,

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -225,4 +226,52 @@ func TestExchangeDelete_DiscardsPending(t *testing.T) {
 			t.Errorf("messages_discarded_total = %v after the release, want 5", n)
 		}
 	})
+}
+
+// TestDelayedExchange_FirstOfAVHostWarmsTheReleaser: the proxy dials its
+// release connection to a vhost when the vhost's first delayed exchange is
+// recorded (a declare, or the first delivery-time publish to an exchange),
+// not at the first release, which would otherwise be late by a dial. The
+// vhost is the test's own, so the connection is this proxy's.
+func TestDelayedExchange_FirstOfAVHostWarmsTheReleaser(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		record func(t *testing.T, ch *amqp.Channel)
+	}{
+		{name: "x-delayed-message declare", record: func(t *testing.T, ch *amqp.Channel) {
+			if err := ch.ExchangeDeclare("dp-warm.x", "x-delayed-message", true, false, false, false, amqp.Table{"x-delayed-type": "direct"}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "delivery-time publish", record: func(t *testing.T, ch *amqp.Channel) {
+			if err := ch.Confirm(false); err != nil {
+				t.Fatal(err)
+			}
+			confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1))
+			due := time.Now().Add(time.Hour).UnixMilli()
+			if err := ch.Publish("amq.direct", "nowhere", false, false, amqp.Publishing{Headers: amqp.Table{"x-opt-delivery-time": due}}); err != nil {
+				t.Fatal(err)
+			}
+			if c := <-confirms; !c.Ack {
+				t.Fatal("delivery-time publish nacked")
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			vh := testVHost(t)
+			tp := startProxy(t, nil)
+			releaser := `"delayproxy releaser ` + vh + `"`
+			listed := func() bool {
+				return strings.Contains(testbroker.Ctl(t, "list_connections", "client_properties"), releaser)
+			}
+			if listed() {
+				t.Fatalf("a release connection to %s before anything was recorded in it", vh)
+			}
+			tt.record(t, testbroker.Channel(t, testbroker.Dial(t, withVHost(t, tp.URL(), vh))))
+			testwait.Until(t, 15*time.Second, "the release connection to "+vh, listed)
+		})
+	}
 }
