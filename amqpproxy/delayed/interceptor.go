@@ -52,6 +52,22 @@ type Metrics interface {
 	Refused(reason metrics.RefuseReason)
 }
 
+// Intake lets a storer's publishes into Puts; *intake.Gate has it.
+type Intake interface {
+	// Acquire waits for room for up to want messages (at least one) and
+	// returns how many it granted, or ctx's error.
+	Acquire(ctx context.Context, want int) (int, error)
+	// Release gives back room that Acquire granted.
+	Release(n int)
+}
+
+// openIntake is an Intake that never waits.
+type openIntake struct{}
+
+func (openIntake) Acquire(_ context.Context, want int) (int, error) { return max(want, 1), nil }
+
+func (openIntake) Release(int) {}
+
 type noMetrics struct{}
 
 func (noMetrics) Stored(int) {}
@@ -75,6 +91,10 @@ type Config struct {
 	DeliveryTimeHeaders bool
 	// Now is the wall clock due times are computed from; default time.Now.
 	Now func() time.Time
+	// Intake is the window of delayed publishes that may be in Puts at
+	// once across all connections (releases first: package intake);
+	// default: always open.
+	Intake Intake
 	// QueueLen bounds each connection's publishes waiting to be stored;
 	// reading from the client stops while it is full. Default 1024.
 	QueueLen int
@@ -100,6 +120,9 @@ type Interceptor struct {
 func New(cfg Config) *Interceptor {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Intake == nil {
+		cfg.Intake = openIntake{}
 	}
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = 1024

@@ -207,9 +207,15 @@ func (h *connHooks) storer() {
 	slots := make(chan struct{}, putsInFlight)
 	for j := range h.queue {
 		slots <- struct{}{} // what queues while waiting goes into this Put
+		// Room in the intake window for what is queued now; when the
+		// interceptor is closing, the Put fails on its context and nacks.
+		room, err := h.i.cfg.Intake.Acquire(h.i.ctx, 1+len(h.queue))
+		if err != nil {
+			room = 0
+		}
 		batch := []*job{j}
 	more:
-		for len(batch) < cap(h.queue) {
+		for len(batch) < max(room, 1) && len(batch) < cap(h.queue) {
 			select {
 			case j, ok := <-h.queue:
 				if !ok {
@@ -224,9 +230,16 @@ func (h *connHooks) storer() {
 		for i, j := range batch {
 			msgs[i] = j.msg
 		}
+		granted := min(room, len(batch))
+		if room > granted {
+			h.i.cfg.Intake.Release(room - granted)
+		}
 		wait := h.i.cfg.Store.PutAsync(h.i.ctx, msgs...)
 		puts.Go(func() {
-			defer func() { <-slots }()
+			defer func() {
+				h.i.cfg.Intake.Release(granted)
+				<-slots
+			}()
 			h.answer(batch, msgs, wait())
 		})
 	}
