@@ -29,6 +29,8 @@ const (
 	StoreFile = "delayproxy.db"
 	// minTokenLen is the shortest admin token accepted.
 	minTokenLen = 16
+	// MaxReleasesFirst is the largest Config.ReleasesFirst accepted.
+	MaxReleasesFirst = time.Minute
 	// MaxReleaseWindow is the largest Config.ReleaseWindow accepted.
 	MaxReleaseWindow = time.Hour
 )
@@ -85,6 +87,12 @@ type Config struct {
 	// released by priority, never early; 0 keeps exact milliseconds. Whole
 	// milliseconds, at most MaxReleaseWindow.
 	ReleaseWindow time.Duration
+	// ReleasesFirst holds back the storing of delayed publishes while
+	// releases are written more than this after their due time (package
+	// intake): an intake burst then slows, down to a window of
+	// intake.MinWindow messages in Puts at once, rather than make the
+	// releases late. 0 turns it off. At most MaxReleasesFirst.
+	ReleasesFirst time.Duration
 	// MaxDelay is the largest x-delay accepted; larger ones are refused
 	// with 406 PRECONDITION_FAILED. It bounds x-opt-delivery-delay, and how
 	// far ahead x-opt-delivery-time may be, alike.
@@ -120,6 +128,7 @@ func DefaultConfig() Config {
 		StoreSchema:         "delayproxy",
 		HTTPAddr:            "127.0.0.1:15673",
 		MaxDelay:            10 * year,
+		ReleasesFirst:       5 * time.Millisecond,
 		DeliveryTimeHeaders: true,
 		ReleasedDelayType:   "int64",
 		MaxMessageSize:      DefaultMaxMessageSize,
@@ -191,6 +200,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReleaseWindow < 0 || c.ReleaseWindow > MaxReleaseWindow || c.ReleaseWindow%time.Millisecond != 0 {
 		return bad("release-window", "must be 0 or whole milliseconds up to %s, got %s", formatDuration(MaxReleaseWindow), formatDuration(c.ReleaseWindow))
+	}
+	if c.ReleasesFirst < 0 || c.ReleasesFirst > MaxReleasesFirst {
+		return bad("releases-first", "must be 0 (off) or a duration up to %s, got %s", formatDuration(MaxReleasesFirst), formatDuration(c.ReleasesFirst))
 	}
 	if c.MaxDelay <= 0 {
 		return bad("max-delay", "must be > 0, got %s", formatDuration(c.MaxDelay))

@@ -110,7 +110,11 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 	if p.clock != nil {
 		now = p.clock.Now
 	}
-	sched, err := p.newReleasing(ctx, st, opened.pg, rel, m)
+	first := newReleasesFirst(p.cfg.ReleasesFirst, now)
+	if err := first.register(m); err != nil {
+		return err
+	}
+	sched, err := p.newReleasing(ctx, st, opened.pg, rel, m, first.schedulerMetrics(m))
 	if err != nil {
 		return err
 	}
@@ -126,6 +130,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		MaxDelay:            p.cfg.MaxDelay,
 		ReleaseWindow:       p.cfg.ReleaseWindow,
 		DeliveryTimeHeaders: p.cfg.DeliveryTimeHeaders,
+		Intake:              first.intake(),
 		Now:                 now,
 		Metrics:             m,
 		Logger:              p.log.With("room", "delayed"),

@@ -68,6 +68,8 @@ func (c *Config) options(tokenFile *string, version *bool) []option {
 			usage: "field type of x-delay on released messages: int64 (signed 64-bit 'l', as the plugin on RabbitMQ 3.13+) or int32 (signed 32-bit 'I', as up to 3.12; 'l' where it does not fit)"},
 		{name: "release-window", arg: "DURATION", env: true, value: (*durationValue)(&c.ReleaseWindow),
 			usage: "round due times up to windows of this size (whole ms, at most 1h), so messages published together with the same delay are released by priority, never early; 0 = exact milliseconds"},
+		{name: "releases-first", arg: "DURATION", env: true, value: (*durationValue)(&c.ReleasesFirst),
+			usage: "while releases are written more than this after their due time, store new delayed publishes more slowly, so that releases keep their time; 0 = off"},
 		{name: "max-delay", arg: "DURATION", env: true, value: (*durationValue)(&c.MaxDelay),
 			usage: "largest x-delay accepted; above it a publish is refused with 406 (units: ms s m h d y)"},
 		{name: "delivery-time-headers", arg: "BOOL", env: true, value: (*boolValue)(&c.DeliveryTimeHeaders),

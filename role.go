@@ -258,7 +258,7 @@ func (f fencedReleaser) Publish(ctx context.Context, batch []*store.Message) fun
 // newReleasing is this node's scheduler: with the bbolt store, one
 // Scheduler that always releases; in cluster mode (pg, the PostgreSQL
 // store), one per term of the releaser roles.
-func (p *Proxy) newReleasing(ctx context.Context, st store.Store, pg *pgstore.Store, rel *releaser.Releaser, m *metrics.Metrics) (releasing, error) {
+func (p *Proxy) newReleasing(ctx context.Context, st store.Store, pg *pgstore.Store, rel *releaser.Releaser, m *metrics.Metrics, sm scheduler.Metrics) (releasing, error) {
 	newSched := func(st scheduler.Store, r scheduler.Releaser) *scheduler.Scheduler {
 		return scheduler.New(st, r, scheduler.Options{
 			Clock: p.clock,
@@ -271,7 +271,7 @@ func (p *Proxy) newReleasing(ctx context.Context, st store.Store, pg *pgstore.St
 			Rescan:       p.inCluster(clusterRescan),
 			ReadAhead:    p.inCluster(clusterReadAhead),
 			Logger:       p.log.With("room", "scheduler"),
-			Metrics:      m,
+			Metrics:      sm,
 		})
 	}
 	if pg == nil {
