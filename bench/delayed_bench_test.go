@@ -296,8 +296,13 @@ func BenchmarkRelease_Lateness10k(b *testing.B) {
 // releases compete with intake at its peak for the two cores and the store.
 // It reports the intake rate reached, and beside it the paced-confirmed-ms
 // floor of the same run. Target: p99 <= that floor's p99 + 2 ms.
+//
+// proxy runs with the default configuration, releases first on
+// (--releases-first 5ms); proxy-releases-first-off with it off, to show
+// what it changes in the same run.
 func BenchmarkRelease_LatenessUnderIntake(b *testing.B) {
 	b.Run("proxy", func(b *testing.B) { benchLateness(b, latenessProxyUnderIntake) })
+	b.Run("proxy-releases-first-off", func(b *testing.B) { benchLateness(b, latenessProxyUnderIntakeUngated) })
 	b.Run("paced-confirmed-ms", func(b *testing.B) { benchLateness(b, latenessPacedConfirmedMs) })
 }
 
@@ -307,6 +312,9 @@ const (
 	// latenessProxyUnderIntake is latenessProxy with a publisher of more
 	// delayed messages running flat out meanwhile.
 	latenessProxyUnderIntake
+	// latenessProxyUnderIntakeUngated is latenessProxyUnderIntake with
+	// releases first off.
+	latenessProxyUnderIntakeUngated
 	// latenessProxyDeliveryTime is latenessProxy with half the messages
 	// (every other one of the shuffled order) published to the default
 	// exchange with x-opt-delivery-time = due(k) rounded up to the
@@ -334,7 +342,8 @@ const (
 
 func benchLateness(b *testing.B, mode int) {
 	mixed := mode == latenessProxyDeliveryTime
-	viaProxy := mode == latenessProxy || mode == latenessProxyUnderIntake || mixed || mode == latenessCluster
+	underIntake := mode == latenessProxyUnderIntake || mode == latenessProxyUnderIntakeUngated
+	viaProxy := mode == latenessProxy || underIntake || mixed || mode == latenessCluster
 	const (
 		n          = 30_000
 		perSec     = 10_000
@@ -350,6 +359,9 @@ func benchLateness(b *testing.B, mode int) {
 	if viaProxy {
 		var proxied string
 		cfg := testproxy.Config(b)
+		if mode == latenessProxyUnderIntakeUngated {
+			cfg.ReleasesFirst = 0
+		}
 		if mode == latenessCluster {
 			cfg.Store, cfg.StoreSchema = teststore.PGURL(), teststore.PGSchema(b)
 		}
@@ -360,7 +372,7 @@ func benchLateness(b *testing.B, mode int) {
 			b.Fatal(err)
 		}
 		pubs = newConfirmedPublishers(b, proxied, publishers, window)
-		if mode == latenessProxyUnderIntake {
+		if underIntake {
 			intake = newConfirmedPublisher(b, proxied, 1024)
 		}
 	} else if mode == latenessTTL {
