@@ -8,6 +8,10 @@
 //
 //	client -> amqpproxy session -> delayed -> store -> scheduler -> releaser -> RabbitMQ
 //
+// One signal goes back against that flow: each release's lateness, from
+// the scheduler to the intake gate (package intake), which slows the
+// storing of new delayed publishes while releases run late.
+//
 // # Invariants
 //
 // The package docs cite these by number ("invariant 2"); each has tests.
