@@ -11,17 +11,23 @@ import (
 // LoadConfig takes (args and env, the value it must yield) and the ones it
 // refuses (with one line naming want, the flag or variable).
 type durationSetting struct {
-	get   func(Config) time.Duration
-	valid []struct {
-		args []string
-		env  map[string]string
-		want time.Duration
-	}
-	invalid []struct {
-		args []string
-		env  map[string]string
-		want string
-	}
+	get     func(Config) time.Duration
+	valid   []takenDuration
+	invalid []refusedDuration
+}
+
+// takenDuration is a setting LoadConfig takes: from args and env, want.
+type takenDuration struct {
+	args []string
+	env  map[string]string
+	want time.Duration
+}
+
+// refusedDuration is a setting LoadConfig refuses, in one line naming want.
+type refusedDuration struct {
+	args []string
+	env  map[string]string
+	want string
 }
 
 func (s durationSetting) check(t *testing.T) {
@@ -58,11 +64,7 @@ func TestLoadConfigReleaseWindow(t *testing.T) {
 	}
 	durationSetting{
 		get: func(c Config) time.Duration { return c.ReleaseWindow },
-		valid: []struct {
-			args []string
-			env  map[string]string
-			want time.Duration
-		}{
+		valid: []takenDuration{
 			{nil, nil, 0},
 			{[]string{"--release-window", "0"}, nil, 0},
 			{[]string{"--release-window", "10ms"}, nil, 10 * time.Millisecond},
@@ -71,11 +73,7 @@ func TestLoadConfigReleaseWindow(t *testing.T) {
 			{nil, map[string]string{"DELAYPROXY_RELEASE_WINDOW": "250ms"}, 250 * time.Millisecond},
 			{[]string{"--release-window", "5ms"}, map[string]string{"DELAYPROXY_RELEASE_WINDOW": "nonsense"}, 5 * time.Millisecond},
 		},
-		invalid: []struct {
-			args []string
-			env  map[string]string
-			want string
-		}{
+		invalid: []refusedDuration{
 			{[]string{"--release-window", "-10ms"}, nil, "--release-window"},
 			{[]string{"--release-window", "1500us"}, nil, "--release-window"},
 			{[]string{"--release-window", "61m"}, nil, "--release-window"},
@@ -96,22 +94,14 @@ func TestLoadConfigReleasesFirst(t *testing.T) {
 	}
 	durationSetting{
 		get: func(c Config) time.Duration { return c.ReleasesFirst },
-		valid: []struct {
-			args []string
-			env  map[string]string
-			want time.Duration
-		}{
+		valid: []takenDuration{
 			{nil, nil, 5 * time.Millisecond},
 			{[]string{"--releases-first", "0"}, nil, 0},
 			{[]string{"--releases-first", "2500us"}, nil, 2500 * time.Microsecond},
 			{[]string{"--releases-first=1m"}, nil, time.Minute},
 			{nil, map[string]string{"DELAYPROXY_RELEASES_FIRST": "20ms"}, 20 * time.Millisecond},
 		},
-		invalid: []struct {
-			args []string
-			env  map[string]string
-			want string
-		}{
+		invalid: []refusedDuration{
 			{[]string{"--releases-first", "-1ms"}, nil, "--releases-first"},
 			{[]string{"--releases-first", "61s"}, nil, "--releases-first"},
 			{[]string{"--releases-first", "now"}, nil, "--releases-first"},
