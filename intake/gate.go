@@ -12,8 +12,9 @@ const (
 	MinWindow = 16
 	// MaxWindow is the open window: no storer waits for room before it.
 	MaxWindow = 1 << 20
-	// CutEvery is the least time between two halvings: a cut takes effect
-	// only once the releases it lets through are written, a few ms on.
+	// CutEvery is the least time between two cuts: a cut shows in the
+	// releases' lateness only a few ms on, once the Puts already in flight
+	// are done.
 	CutEvery = 10 * time.Millisecond
 	// IdleAfter opens the window when no release was observed for it.
 	IdleAfter = 100 * time.Millisecond
@@ -29,14 +30,14 @@ type Gate struct {
 	window  int        // messages that may be in Puts at once
 	used    int        // messages granted and not yet released
 	onTime  int        // releases on time since the window last widened
-	cutAt   time.Time  // the last halving
+	cutAt   time.Time  // the last cut
 	seenAt  time.Time  // the last Observe
 	waiting chan struct{}
 	// waiting, when not nil, is closed (and cleared) by the next Release
 	// or widening: Acquire waits on it for room.
 }
 
-// New returns an open Gate that halves its window whenever a release is
+// New returns an open Gate that cuts its window whenever a release is
 // written more than target after its due time. now is the clock; nil is
 // time.Now.
 func New(target time.Duration, now func() time.Time) *Gate {
@@ -52,6 +53,7 @@ func (g *Gate) Observe(late time.Duration) {
 	now := g.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.openIfIdleLocked(now)
 	g.seenAt = now
 	if late <= g.target {
 		// One message more per window's worth of releases on time.
@@ -80,9 +82,7 @@ func (g *Gate) Observe(late time.Duration) {
 func (g *Gate) Acquire(ctx context.Context, want int) (int, error) {
 	for {
 		g.mu.Lock()
-		if g.now().Sub(g.seenAt) >= IdleAfter {
-			g.window = MaxWindow
-		}
+		g.openIfIdleLocked(g.now())
 		if room := g.window - g.used; room > 0 {
 			n := min(max(want, 1), room)
 			g.used += n
@@ -114,10 +114,17 @@ func (g *Gate) Release(n int) {
 func (g *Gate) Window() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.now().Sub(g.seenAt) >= IdleAfter {
-		return MaxWindow
-	}
+	g.openIfIdleLocked(g.now())
 	return g.window
+}
+
+// openIfIdleLocked opens the window when no release was observed for
+// IdleAfter; g.mu is held.
+func (g *Gate) openIfIdleLocked(now time.Time) {
+	if g.window < MaxWindow && now.Sub(g.seenAt) >= IdleAfter {
+		g.window, g.onTime = MaxWindow, 0
+		g.wakeLocked()
+	}
 }
 
 // wakeLocked wakes every Acquire waiting for room; g.mu is held.
