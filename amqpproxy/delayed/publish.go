@@ -74,8 +74,13 @@ func (h *connHooks) InterceptsContent(_ *amqpproxy.Channel, m *wire.BasicPublish
 	return claim{dt: &dt}, true
 }
 
-// Publish implements amqpproxy.ConnHooks.
+// Publish implements amqpproxy.ConnHooks. An x-delay counts from the
+// moment the publish is here, before the waits for a declare in progress
+// and for RabbitMQ's permission check (a round trip, and a dial on a
+// connection's first delayed publish), which would otherwise make the
+// message late by as much.
 func (h *connHooks) Publish(p *amqpproxy.Publish) {
+	took := h.i.cfg.Now()
 	c := p.Claim.(claim)
 	if c.dt != nil {
 		h.publishDeliveryTime(p, c.dt)
@@ -122,7 +127,7 @@ func (h *connHooks) Publish(p *amqpproxy.Publish) {
 		h.refusedUpstream(p, err)
 		return
 	}
-	h.take(p, newMessage(h.c.VHost, p, &props, windowDue(DueAt(h.i.cfg.Now(), ms), h.i.cfg.ReleaseWindow), ms, c.def.Incarnation))
+	h.take(p, newMessage(h.c.VHost, p, &props, windowDue(DueAt(took, ms), h.i.cfg.ReleaseWindow), ms, c.def.Incarnation))
 }
 
 // newMessage is the stored form of the publish p due at due.

@@ -48,6 +48,15 @@ type wireRelay struct {
 type storeWrapper struct {
 	delayed.Store
 	wait func(msgs []*store.Message, answer func() error) error
+	// beforePutExchange, when set, runs before each registry write.
+	beforePutExchange func()
+}
+
+func (w *storeWrapper) PutExchange(ctx context.Context, def *store.ExchangeDef) error {
+	if w.beforePutExchange != nil {
+		w.beforePutExchange()
+	}
+	return w.Store.PutExchange(ctx, def)
 }
 
 func (w *storeWrapper) PutAsync(ctx context.Context, msgs ...*store.Message) func() error {
