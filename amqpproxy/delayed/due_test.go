@@ -32,15 +32,7 @@ func TestXDelayCountsFromThePublish(t *testing.T) {
 		beforePutExchange: func() { time.Sleep(hold) },
 	}
 	r := startWireRelay(t, testbroker.Default(t), delayed.Config{Store: w}, amqpproxy.Config{})
-	conn, err := amqp.Dial(r.url("guest", "guest"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err == nil {
-		err = ch.Confirm(false)
-	}
+	ch, err := r.confirmChannel(t)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,16 +31,8 @@ func TestSecondPutWhileTheFirstCommits(t *testing.T) {
 	}}
 	r := startWireRelay(t, testbroker.Default(t), delayed.Config{Store: w}, amqpproxy.Config{})
 	ex, _ := r.declare(t)
-	conn, err := amqp.Dial(r.url("guest", "guest"))
+	ch, err := r.confirmChannel(t)
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
 	publish := func(id string) *amqp.DeferredConfirmation {
@@ -126,16 +118,7 @@ func TestStorerKeepsToTheIntakeWindow(t *testing.T) {
 	var pubs sync.WaitGroup
 	for c := range conns {
 		pubs.Go(func() {
-			conn, err := amqp.Dial(r.url("guest", "guest"))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer conn.Close()
-			ch, err := conn.Channel()
-			if err == nil {
-				err = ch.Confirm(false)
-			}
+			ch, err := r.confirmChannel(t)
 			if err != nil {
 				t.Error(err)
 				return

@@ -59,6 +59,21 @@ func (w *storeWrapper) PutExchange(ctx context.Context, def *store.ExchangeDef) 
 	return w.Store.PutExchange(ctx, def)
 }
 
+// confirmChannel dials the relay as guest and opens a channel in confirm
+// mode; the connection is closed when the test ends.
+func (r *wireRelay) confirmChannel(t testing.TB) (*amqp.Channel, error) {
+	conn, err := amqp.Dial(r.url("guest", "guest"))
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	return ch, err
+}
+
 func (w *storeWrapper) PutAsync(ctx context.Context, msgs ...*store.Message) func() error {
 	answer := w.Store.PutAsync(ctx, msgs...)
 	return func() error { return w.wait(msgs, answer) }
