@@ -212,15 +212,17 @@ func (h *connHooks) storer() {
 	slots := make(chan struct{}, putsInFlight)
 	for j := range h.queue {
 		slots <- struct{}{} // what queues while waiting goes into this Put
-		// Room in the intake window for what is queued now; when the
-		// interceptor is closing, the Put fails on its context and nacks.
-		room, err := h.i.cfg.Intake.Acquire(h.i.ctx, 1+len(h.queue))
-		if err != nil {
-			room = 0
+		// Room in the intake window for what is queued now. When the
+		// interceptor is closing, nothing is granted and the Put takes
+		// what is queued, to fail on its context and nack.
+		limit, err := h.i.cfg.Intake.Acquire(h.i.ctx, 1+len(h.queue))
+		granted := err == nil
+		if !granted {
+			limit = cap(h.queue)
 		}
 		batch := []*job{j}
 	more:
-		for len(batch) < max(room, 1) && len(batch) < cap(h.queue) {
+		for len(batch) < min(limit, cap(h.queue)) {
 			select {
 			case j, ok := <-h.queue:
 				if !ok {
@@ -235,14 +237,15 @@ func (h *connHooks) storer() {
 		for i, j := range batch {
 			msgs[i] = j.msg
 		}
-		granted := min(room, len(batch))
-		if room > granted {
-			h.i.cfg.Intake.Release(room - granted)
+		if granted && limit > len(batch) {
+			h.i.cfg.Intake.Release(limit - len(batch))
 		}
 		wait := h.i.cfg.Store.PutAsync(h.i.ctx, msgs...)
 		puts.Go(func() {
 			defer func() {
-				h.i.cfg.Intake.Release(granted)
+				if granted {
+					h.i.cfg.Intake.Release(len(batch))
+				}
 				<-slots
 			}()
 			h.answer(batch, msgs, wait())
