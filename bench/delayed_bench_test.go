@@ -299,11 +299,15 @@ func BenchmarkRelease_Lateness10k(b *testing.B) {
 //
 // proxy runs with the default configuration, releases first on
 // (--releases-first 5ms); proxy-releases-first-off with it off, to show
-// what it changes in the same run.
+// what it changes in the same run. paced-confirmed-ms-under-intake is the
+// floor while the same publisher runs flat out into a proxy that releases
+// nothing (so its intake is never narrowed): what this machine and broker
+// give a perfect scheduler under that load, beside its intake rate.
 func BenchmarkRelease_LatenessUnderIntake(b *testing.B) {
 	b.Run("proxy", func(b *testing.B) { benchLateness(b, latenessProxyUnderIntake) })
 	b.Run("proxy-releases-first-off", func(b *testing.B) { benchLateness(b, latenessProxyUnderIntakeUngated) })
 	b.Run("paced-confirmed-ms", func(b *testing.B) { benchLateness(b, latenessPacedConfirmedMs) })
+	b.Run("paced-confirmed-ms-under-intake", func(b *testing.B) { benchLateness(b, latenessPacedConfirmedMsUnderIntake) })
 }
 
 // Ways of delivering a message at its due time, for BenchmarkRelease_Lateness10k.
@@ -338,12 +342,19 @@ const (
 	// scheduler of millisecond resolution would do, with no rounding of the
 	// delay on the publisher's side and no store.
 	latenessPacedConfirmedMs
+	// latenessPacedConfirmedMsUnderIntake is latenessPacedConfirmedMs while
+	// the flat-out publisher of latenessProxyUnderIntake publishes into a
+	// delayproxy of its own (default configuration, a delayed exchange
+	// nothing is bound to): the floor of this machine and broker under the
+	// same intake. That proxy releases nothing, so releases first never
+	// narrows its intake.
+	latenessPacedConfirmedMsUnderIntake
 )
 
 func benchLateness(b *testing.B, mode int) {
 	mixed := mode == latenessProxyDeliveryTime
-	underIntake := mode == latenessProxyUnderIntake || mode == latenessProxyUnderIntakeUngated
-	viaProxy := mode == latenessProxy || underIntake || mixed || mode == latenessCluster
+	proxyUnderIntake := mode == latenessProxyUnderIntake || mode == latenessProxyUnderIntakeUngated
+	viaProxy := mode == latenessProxy || proxyUnderIntake || mixed || mode == latenessCluster
 	const (
 		n          = 30_000
 		perSec     = 10_000
@@ -372,7 +383,7 @@ func benchLateness(b *testing.B, mode int) {
 			b.Fatal(err)
 		}
 		pubs = newConfirmedPublishers(b, proxied, publishers, window)
-		if underIntake {
+		if proxyUnderIntake {
 			intake = newConfirmedPublisher(b, proxied, 1024)
 		}
 	} else if mode == latenessTTL {
@@ -384,10 +395,15 @@ func benchLateness(b *testing.B, mode int) {
 		b.Cleanup(func() { admin.QueueDelete(wait.Name, false, false, false) })
 		key = wait.Name
 		pubs = newConfirmedPublishers(b, direct, publishers, window)
+	} else if mode == latenessPacedConfirmedMsUnderIntake {
+		proxied := startDelayProxy(b)
+		exchange = declareDelayedExchange(b, dialChannel(b, proxied), "direct")
+		intake = newConfirmedPublisher(b, proxied, 1024)
 	}
 
 	var paced *amqp.Channel // latenessPaced*: confirms are not waited for
-	confirmed := mode == latenessPacedConfirmed || mode == latenessPacedConfirmedMs
+	onTheMs := mode == latenessPacedConfirmedMs || mode == latenessPacedConfirmedMsUnderIntake
+	confirmed := mode == latenessPacedConfirmed || onTheMs
 	if mode == latenessPaced || confirmed {
 		paced = dialChannel(b, direct)
 		if confirmed {
@@ -433,7 +449,7 @@ func benchLateness(b *testing.B, mode int) {
 		start := time.Now()
 		if paced != nil {
 			at := due
-			if mode == latenessPacedConfirmedMs {
+			if onTheMs {
 				at = func(k int) time.Time { return time.UnixMilli((due(k).UnixNano() + 999_999) / 1e6) }
 			}
 			go publishPaced(b, paced, confirmed, work, n, at)
