@@ -316,6 +316,46 @@ func BenchmarkStoreFsync_Floor(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/commit")
 }
 
+// BenchmarkStoreFsync_LogFloor is the disk's floor for one commit of a log
+// in front of bbolt (not built): append a full group commit of 256
+// encoded messages (100-byte bodies) to a preallocated file, then
+// fdatasync, once. It reports ceiling-msgs/s, 256 messages over that
+// time: what StorePut_Parallel256 could reach at best with such a log and
+// every commit full, before any CPU work.
+func BenchmarkStoreFsync_LogFloor(b *testing.B) {
+	f, err := os.Create(filepath.Join(b.TempDir(), "log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	const size = 64 << 20
+	if _, err := f.Write(make([]byte, size)); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	const batch = 256
+	commit := make([]byte, batch*(storeBodyLen+store.KeySize+32)) // body, key, headers and framing
+	var off int64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if off+int64(len(commit)) > size {
+			off = 0
+		}
+		if _, err := f.WriteAt(commit, off); err != nil {
+			b.Fatal(err)
+		}
+		off += int64(len(commit))
+		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ms := float64(b.Elapsed().Microseconds()) / 1000 / float64(b.N)
+	b.ReportMetric(ms, "ms/commit")
+	b.ReportMetric(batch/ms*1000, "ceiling-msgs/s")
+}
+
 // prefilledCopy returns a private copy of the cached prefilled file: pending
 // messages of exchange "/"/"bench", 100-byte bodies, due at random over
 // [storeBase, storeBase+24h), priorities 0-3, with the cascade watermark
