@@ -261,7 +261,7 @@ func TestDelayedExchange_FirstOfAVHostWarmsTheReleaser(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			vh := testVHost(t)
+			vh := testbroker.VHost(t, "dp-rel-")
 			tp := startProxy(t, nil)
 			releaser := `"delayproxy releaser ` + vh + `"`
 			listed := func() bool {

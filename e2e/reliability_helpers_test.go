@@ -8,7 +8,6 @@ import (
 
 	"github.com/delayproxy/delayproxy"
 	"github.com/delayproxy/delayproxy/internal/crashtest"
-	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
@@ -46,24 +45,6 @@ func withVHost(t testing.TB, rawURL, vhost string) string {
 		t.Fatal(err)
 	}
 	return withHost(t, rawURL, u.Host, vhost)
-}
-
-// testVHost creates a vhost of its own for the test, on which the broker's
-// user may do everything, and deletes it in t.Cleanup. The proxy's releaser
-// names its connection after the vhost ("delayproxy releaser <vhost>"), so
-// a test can close its own proxy's releaser connection and no other.
-func testVHost(t testing.TB) string {
-	t.Helper()
-	u, err := url.Parse(testbroker.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	user := u.User.Username()
-	vh := "dp-rel-" + randHex(t, 4)
-	testbroker.Ctl(t, "add_vhost", vh)
-	t.Cleanup(func() { testbroker.Ctl(t, "delete_vhost", vh) })
-	testbroker.Ctl(t, "set_permissions", "-p", vh, user, ".*", ".*", ".*")
-	return vh
 }
 
 // delaySpread returns a Publisher's Delay: most messages due between lo

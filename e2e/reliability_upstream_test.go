@@ -76,7 +76,7 @@ func TestReliabilityUpstream_ClientConnectionClosed(t *testing.T) {
 func TestReliabilityUpstream_ReleaserConnectionClosed(t *testing.T) {
 	t.Parallel()
 	const clients = 2
-	vh := testVHost(t)
+	vh := testbroker.VHost(t, "dp-rel-")
 	brokerURL := withVHost(t, testbroker.URL(t), vh)
 	tp := startProxy(t, nil)
 	proxyURL := withVHost(t, tp.URL(), vh)

@@ -2,10 +2,12 @@ package testbroker
 
 import (
 	"fmt"
+	"net/url"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Ctl runs rabbitmqctl -q with args on the default broker's node and
@@ -81,4 +83,20 @@ length(Ps).`
 		t.Fatalf("testbroker: rabbitmqctl eval (close connections %q): %q", prefix, out)
 	}
 	return n
+}
+
+// VHost creates a vhost of the test's on the default broker, named prefix
+// plus a unique suffix, gives AMQP_URL's user every permission on it, and
+// deletes it in t.Cleanup.
+func VHost(t testing.TB, prefix string) string {
+	t.Helper()
+	u, err := url.Parse(URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vh := fmt.Sprintf("%s%d", prefix, time.Now().UnixNano())
+	Ctl(t, "add_vhost", vh)
+	t.Cleanup(func() { Ctl(t, "delete_vhost", vh) })
+	Ctl(t, "set_permissions", "-p", vh, u.User.Username(), ".*", ".*", ".*")
+	return vh
 }
