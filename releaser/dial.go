@@ -70,7 +70,10 @@ func (r *Releaser) dial(ctx context.Context, vhost string) (*conn, error) {
 		return nil, err
 	}
 	sock.SetDeadline(time.Time{})
-	r.wg.Go(func() { c.read(rd) })
+	r.wg.Go(func() {
+		c.read(rd)
+		r.ended(c)
+	})
 	if c.heartbeat > 0 {
 		r.wg.Go(c.beat)
 	}

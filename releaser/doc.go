@@ -65,8 +65,12 @@
 //
 // One reader goroutine per connection takes what RabbitMQ sends: acks and
 // nacks (multiple or not), basic.return and its content, channel.close and
-// connection.close (answered with close-ok; the connection is then closed
-// and dialled again at the next batch), connection.blocked and unblocked.
+// connection.close (answered with close-ok; the connection is then closed),
+// connection.blocked and unblocked. A connection that ends while idle is
+// dialled again at once in the background, then after 100 ms, 200 ms and
+// so on up to every 30 s while that fails, so that the next release finds
+// it open; one that ends with releases in flight is dialled again by the
+// release path, after the failed batch is retried.
 // A heartbeat goroutine sends a heartbeat when nothing was written for half
 // the interval, and ends the connection when nothing arrived for two. Close
 // sends connection.close and waits for every goroutine the Releaser started.

@@ -100,7 +100,11 @@ type Releaser struct {
 	dials   int // dial attempts, for tests
 	closed  bool
 
-	wg sync.WaitGroup // every goroutine it starts: Warm's dials, each connection's reader and heartbeat
+	// stop ends when Close is called: it cancels redial's dials and waits.
+	stop     context.Context
+	stopping context.CancelFunc
+
+	wg sync.WaitGroup // every goroutine it starts: Warm's dials, redials, each connection's reader and heartbeat
 }
 
 // New checks cfg and returns a Releaser; it dials nothing until the first
@@ -132,7 +136,9 @@ func New(cfg Config) (*Releaser, error) {
 	if cfg.Name == "" {
 		cfg.Name = "delayproxy releaser"
 	}
-	return &Releaser{cfg: cfg, acct: acct, conns: map[string]*conn{}, dialled: map[string]bool{}, failed: map[string]time.Time{}, missing: map[exchangeID]int{}}, nil
+	stop, stopping := context.WithCancel(context.Background())
+	return &Releaser{cfg: cfg, acct: acct, conns: map[string]*conn{}, dialled: map[string]bool{}, failed: map[string]time.Time{}, missing: map[exchangeID]int{},
+		stop: stop, stopping: stopping}, nil
 }
 
 // Release publishes batch in order and reports which messages RabbitMQ
@@ -294,6 +300,7 @@ func (r *Releaser) Ping(ctx context.Context, vhost string) error {
 func (r *Releaser) Close() error {
 	r.mu.Lock()
 	r.closed = true
+	r.stopping()
 	conns := make([]*conn, 0, len(r.conns))
 	for v, c := range r.conns {
 		conns = append(conns, c)
