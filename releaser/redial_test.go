@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 	"github.com/delayproxy/delayproxy/store"
 )
 
@@ -34,17 +35,10 @@ func (r *Releaser) live(vhost string) (bool, int) {
 // connection is open (or not, as open says).
 func awaitDials(t *testing.T, r *Releaser, vhost string, n int, open bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testwait.Until(t, 15*time.Second, fmt.Sprintf("%d dials, connection open %v", n, open), func() bool {
 		ok, dials := r.live(vhost)
-		if dials >= n && ok == open {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 15 s: %d dials (want %d), connection open %v (want %v)", dials, n, ok, open)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return dials >= n && ok == open
+	})
 }
 
 // TestIdleConnectionIsDialledAgainAtOnce: when RabbitMQ closes an idle
