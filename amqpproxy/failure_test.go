@@ -11,6 +11,8 @@ import (
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testforward"
+	"github.com/delayproxy/delayproxy/internal/testserver"
 	"github.com/delayproxy/delayproxy/internal/testwait"
 )
 
@@ -125,12 +127,12 @@ func checkMalformed(t *testing.T, addr string, code uint16, send func(*rawClient
 // client gets connection.close 320 CONNECTION_FORCED with a reason.
 func TestUpstreamConnectionLost(t *testing.T) {
 	t.Parallel()
-	fw := startForwarder(t, listen(t), brokerAddr(t))
-	p := startProxy(t, Config{Upstream: "amqp://" + fw.l.Addr().String()})
+	fw := testforward.Start(t, testserver.Listen(t), brokerAddr(t))
+	p := startProxy(t, Config{Upstream: "amqp://" + fw.Addr()})
 	conn := p.dial(t, amqp.Config{})
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	testbroker.Channel(t, conn)
-	fw.cut()
+	fw.Cut()
 	if e := testbroker.AwaitClose(t, closed, 10*time.Second); e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "upstream connection lost") {
 		t.Fatalf("closed with %v", e)
 	}
@@ -140,11 +142,11 @@ func TestUpstreamConnectionLost(t *testing.T) {
 // heartbeat intervals and the client gets 320.
 func TestUpstreamMissedHeartbeats(t *testing.T) {
 	t.Parallel()
-	fw := startForwarder(t, listen(t), brokerAddr(t))
-	p := startProxy(t, Config{Upstream: "amqp://" + fw.l.Addr().String()})
+	fw := testforward.Start(t, testserver.Listen(t), brokerAddr(t))
+	p := startProxy(t, Config{Upstream: "amqp://" + fw.Addr()})
 	conn := p.dial(t, amqp.Config{Heartbeat: time.Second})
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	fw.freeze()
+	fw.Freeze()
 	start := time.Now()
 	if e := testbroker.AwaitClose(t, closed, 10*time.Second); e.Code != amqp.ConnectionForced || !strings.Contains(e.Reason, "missed heartbeats") {
 		t.Fatalf("closed with %v", e)
@@ -152,15 +154,15 @@ func TestUpstreamMissedHeartbeats(t *testing.T) {
 	if d := time.Since(start); d > 2800*time.Millisecond { // 2 s, and slack for a busy machine
 		t.Fatalf("noticed after %v, want within two 1 s intervals", d)
 	}
-	fw.unfreeze()
+	fw.Unfreeze()
 }
 
 // TestClientMissedHeartbeats: a client that goes silent is dropped within
 // two heartbeat intervals, and its upstream connection with it.
 func TestClientMissedHeartbeats(t *testing.T) {
 	t.Parallel()
-	fw := startForwarder(t, listen(t), brokerAddr(t))
-	p := startProxy(t, Config{Upstream: "amqp://" + fw.l.Addr().String()})
+	fw := testforward.Start(t, testserver.Listen(t), brokerAddr(t))
+	p := startProxy(t, Config{Upstream: "amqp://" + fw.Addr()})
 	c := rawDial(t, p.addr)
 	c.open(rawLogin{heartbeat: 1})
 	c.send(1, &wire.ChannelOpen{})
@@ -182,7 +184,7 @@ func TestClientMissedHeartbeats(t *testing.T) {
 	if beats < 2 {
 		t.Fatalf("proxy sent %d heartbeats in two intervals", beats)
 	}
-	testwait.Until(t, 5*time.Second, "the upstream connection to close", func() bool { return fw.open() == 0 })
+	testwait.Until(t, 5*time.Second, "the upstream connection to close", func() bool { return fw.Open() == 0 })
 }
 
 func TestShutdown(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/testserver"
 )
 
 // fakeBroker is an in-memory AMQP peer in RabbitMQ's place, for unit tests
@@ -28,7 +29,7 @@ type fakeBroker struct {
 }
 
 func startFakeBroker(t testing.TB) *fakeBroker {
-	b := &fakeBroker{t: t, l: listen(t), truth: map[string]bool{}, conns: map[net.Conn]bool{}}
+	b := &fakeBroker{t: t, l: testserver.Listen(t), truth: map[string]bool{}, conns: map[net.Conn]bool{}}
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()

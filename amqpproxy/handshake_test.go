@@ -19,6 +19,8 @@ import (
 	"github.com/delayproxy/delayproxy/internal/crashtest"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testcert"
+	"github.com/delayproxy/delayproxy/internal/testforward"
+	"github.com/delayproxy/delayproxy/internal/testserver"
 )
 
 // TestWrongLogin: a refused login is a refused login. amqp091-go does not
@@ -206,9 +208,9 @@ func TestTLSListenerFromFiles(t *testing.T) {
 func TestUpstreamTLS(t *testing.T) {
 	t.Parallel()
 	cert := testcert.New(t)
-	tl := tls.NewListener(listen(t), &tls.Config{Certificates: []tls.Certificate{cert.TLS}})
-	fw := startForwarder(t, tl, brokerAddr(t))
-	p := startProxy(t, Config{Upstream: "amqps://" + fw.l.Addr().String(), UpstreamTLS: &tls.Config{RootCAs: cert.Pool}})
+	tl := tls.NewListener(testserver.Listen(t), &tls.Config{Certificates: []tls.Certificate{cert.TLS}})
+	fw := testforward.Start(t, tl, brokerAddr(t))
+	p := startProxy(t, Config{Upstream: "amqps://" + fw.Addr(), UpstreamTLS: &tls.Config{RootCAs: cert.Pool}})
 	ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
 	q := testbroker.DeclareQueue(t, false, nil)
 	publish(t, ch, "", q, amqp.Publishing{Body: []byte("tls upstream")})
@@ -216,7 +218,7 @@ func TestUpstreamTLS(t *testing.T) {
 		t.Fatalf("got %q", d.Body)
 	}
 	// A certificate the proxy does not trust: the client is told why.
-	p2 := startProxy(t, Config{Upstream: "amqps://" + fw.l.Addr().String()})
+	p2 := startProxy(t, Config{Upstream: "amqps://" + fw.Addr()})
 	_, err := amqp.Dial(p2.url(t))
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || ae.Code != amqp.ConnectionForced || !strings.Contains(ae.Reason, "certificate") {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testserver"
 )
 
 // startOf sends the protocol header to addr and returns the
@@ -133,7 +134,7 @@ type upstreamSwitch struct {
 }
 
 func startSwitch(t *testing.T, target string) *upstreamSwitch {
-	sw := &upstreamSwitch{l: listen(t)}
+	sw := &upstreamSwitch{l: testserver.Listen(t)}
 	sw.target.Store(&target)
 	var wg sync.WaitGroup
 	var mu sync.Mutex // guards conns

@@ -1,5 +1,5 @@
 // Package testserver serves a server under test on a loopback port for
-// the length of a test.
+// the length of a test, and gives tests loopback listeners of their own.
 package testserver
 
 import (
@@ -20,10 +20,7 @@ type Server interface {
 // address srv listens on.
 func Serve(t testing.TB, srv Server, closed error) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := Listen(t)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	t.Cleanup(func() {
@@ -33,4 +30,15 @@ func Serve(t testing.TB, srv Server, closed error) string {
 		}
 	})
 	return l.Addr().String()
+}
+
+// Listen listens on a free loopback port until the end of the test.
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }
