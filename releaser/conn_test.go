@@ -11,6 +11,9 @@ import (
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
+	"github.com/delayproxy/delayproxy/internal/testforward"
+	"github.com/delayproxy/delayproxy/internal/testserver"
+	"github.com/delayproxy/delayproxy/internal/testwait"
 	"github.com/delayproxy/delayproxy/store"
 )
 
@@ -146,5 +149,46 @@ func TestNewRefusesAnUnknownDelayType(t *testing.T) {
 	}
 	if _, err := New(Config{URL: "http://localhost/"}); err == nil {
 		t.Fatal("New accepted an http URL")
+	}
+}
+
+// TestASlowDialHoldsUpNoOtherVHost: while the dial of one vhost hangs (its
+// connection held before it reaches RabbitMQ), releases to a vhost already
+// connected go out; the held dial completes once let through.
+func TestASlowDialHoldsUpNoOtherVHost(t *testing.T) {
+	f := newFixture(t, "direct")
+	vhost := testbroker.VHost(t, "releaser-slow-dial-")
+	u, err := url.Parse(testbroker.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw := testforward.Start(t, testserver.Listen(t), u.Host)
+	u.Host = fw.Addr()
+	r := newReleaser(t, Config{URL: u.String(), DialTimeout: time.Minute})
+	if err := r.Ping(context.Background(), "/"); err != nil {
+		t.Fatal(err)
+	}
+	fw.Hold()
+	r.Warm(context.Background(), vhost)
+	testwait.Until(t, 10*time.Second, "the new vhost's dial to be held", func() bool { return fw.Held() == 1 })
+	released := make(chan bool, 1)
+	go func() {
+		released <- r.Release(context.Background(), []*store.Message{message(f.exchange, "k", 10, properties(), "meanwhile")})[0]
+	}()
+	select {
+	case ok := <-released:
+		if !ok {
+			t.Fatal("release not confirmed")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the release waited for another vhost's dial")
+	}
+	if n := fw.Held(); n != 1 {
+		t.Fatalf("%d dials held, want 1: the release went out once the dial ended", n)
+	}
+	fw.Let()
+	awaitDials(t, r, vhost, 2, true)
+	if d := f.get(t); string(d.Body) != "meanwhile" {
+		t.Fatalf("got %q", d.Body)
 	}
 }

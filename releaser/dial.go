@@ -27,22 +27,22 @@ const defaultFrameMax = 128 << 10
 // dial connects to RabbitMQ for the releases of vhost: TCP (TLS for
 // amqps), the protocol header, start/start-ok (PLAIN), tune/tune-ok,
 // connection.open, then the release channel in confirm mode. It takes at
-// most DialTimeout and ends early with ctx. The connection's reader and
-// heartbeat goroutines run in r.wg.
-func (r *Releaser) dial(ctx context.Context, vhost string) (*conn, error) {
+// most DialTimeout and ends early with ctx. It returns the connection with
+// the reader of its socket; start runs them.
+func (r *Releaser) dial(ctx context.Context, vhost string) (*conn, *wire.Reader, error) {
 	deadline := time.Now().Add(r.cfg.DialTimeout)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	var d net.Dialer
 	sock, err := d.DialContext(ctx, "tcp", r.acct.HostPort)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if r.acct.TLS != nil {
 		tc := tls.Client(sock, r.acct.TLS)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			sock.Close()
-			return nil, fmt.Errorf("TLS: %w", err)
+			return nil, nil, fmt.Errorf("TLS: %w", err)
 		}
 		sock = tc
 	}
@@ -67,9 +67,15 @@ func (r *Releaser) dial(ctx context.Context, vhost string) (*conn, error) {
 	}
 	if err != nil {
 		sock.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	sock.SetDeadline(time.Time{})
+	return c, rd, nil
+}
+
+// start runs c's reader, which reads with rd, and its heartbeat. r.mu is
+// held and the Releaser is not closed, so Close waits for them.
+func (r *Releaser) start(c *conn, rd *wire.Reader) {
 	r.wg.Go(func() {
 		c.read(rd)
 		r.ended(c)
@@ -77,7 +83,6 @@ func (r *Releaser) dial(ctx context.Context, vhost string) (*conn, error) {
 	if c.heartbeat > 0 {
 		r.wg.Go(c.beat)
 	}
-	return c, nil
 }
 
 // handshake opens the connection and the release channel, synchronously,

@@ -85,8 +85,9 @@ type Releaser struct {
 	cfg  Config
 	acct amqpurl.Endpoint
 
-	mu      sync.Mutex // guards conns, dialled, failed, missing, dials and closed
+	mu      sync.Mutex // guards conns, dialing, dialled, failed, missing, dials and closed
 	conns   map[string]*conn
+	dialing map[string]*dialing // dials in progress, by vhost
 	dialled map[string]bool // vhosts connected at least once: a new dial is a reconnect
 	// failed is when a vhost's publish last failed before anything was
 	// confirmed (no connection, a connection lost with releases in
@@ -137,8 +138,8 @@ func New(cfg Config) (*Releaser, error) {
 		cfg.Name = "delayproxy releaser"
 	}
 	stop, stopping := context.WithCancel(context.Background())
-	return &Releaser{cfg: cfg, acct: acct, conns: map[string]*conn{}, dialled: map[string]bool{}, failed: map[string]time.Time{}, missing: map[exchangeID]int{},
-		stop: stop, stopping: stopping}, nil
+	return &Releaser{cfg: cfg, acct: acct, conns: map[string]*conn{}, dialing: map[string]*dialing{}, dialled: map[string]bool{},
+		failed: map[string]time.Time{}, missing: map[exchangeID]int{}, stop: stop, stopping: stopping}, nil
 }
 
 // Release publishes batch in order and reports which messages RabbitMQ
@@ -236,35 +237,79 @@ func (r *Releaser) markFailed(vhost string) {
 // the connection ended with releases in flight and their wait has not
 // dropped it yet, the batch asking is refused as after a failed publish:
 // it must not overtake those releases, which the scheduler retries.
+//
+// The dial runs outside the lock, so that a slow dial of one vhost holds
+// up no other vhost's releases; whoever asks for the same vhost meanwhile
+// waits for that dial's result. A dial ends when Close is called.
 func (r *Releaser) conn(ctx context.Context, vhost string) (*conn, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.closed {
+		r.mu.Unlock()
 		return nil, ErrClosed
 	}
 	if c := r.conns[vhost]; c != nil {
 		select {
 		case <-c.dead:
 		default:
+			r.mu.Unlock()
 			return c, nil
 		}
 		delete(r.conns, vhost)
 		if c.lost {
 			r.failed[vhost] = time.Now()
+			r.mu.Unlock()
 			return nil, fmt.Errorf("release connection lost with releases in flight: %w", c.err)
 		}
 	}
+	if d := r.dialing[vhost]; d != nil {
+		r.mu.Unlock()
+		select {
+		case <-d.done:
+			return d.c, d.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	d := &dialing{done: make(chan struct{})}
+	r.dialing[vhost] = d
 	r.dials++
-	c, err := r.dial(ctx, vhost)
-	if err != nil {
-		return nil, fmt.Errorf("dial vhost %q: %w", vhost, err)
+	r.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(ctx)
+	stopDial := context.AfterFunc(r.stop, cancel)
+	c, rd, err := r.dial(ctx, vhost)
+	stopDial()
+	cancel()
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.dialing, vhost)
+	switch {
+	case r.closed:
+		if err == nil {
+			c.sock.Close() // nothing of it runs yet
+		}
+		c, err = nil, ErrClosed
+	case err != nil:
+		c, err = nil, fmt.Errorf("dial vhost %q: %w", vhost, err)
+	default:
+		r.start(c, rd)
+		r.conns[vhost] = c
+		if r.dialled[vhost] && r.cfg.Metrics != nil {
+			r.cfg.Metrics.UpstreamReconnect()
+		}
+		r.dialled[vhost] = true
 	}
-	r.conns[vhost] = c
-	if r.dialled[vhost] && r.cfg.Metrics != nil {
-		r.cfg.Metrics.UpstreamReconnect()
-	}
-	r.dialled[vhost] = true
-	return c, nil
+	d.c, d.err = c, err
+	close(d.done)
+	return c, err
+}
+
+// dialing is a dial of a vhost's connection in progress.
+type dialing struct {
+	done chan struct{} // closed once c and err are set
+	c    *conn
+	err  error
 }
 
 // drop forgets c, which has ended, if it is still its vhost's connection.

@@ -100,9 +100,13 @@ func message(exchange, key string, delay int64, props []byte, body string) *stor
 	}
 }
 
+// newReleaser is New with cfg, on the test broker unless cfg names a URL,
+// closed in t.Cleanup.
 func newReleaser(t *testing.T, cfg Config) *Releaser {
 	t.Helper()
-	cfg.URL = testbroker.URL(t)
+	if cfg.URL == "" {
+		cfg.URL = testbroker.URL(t)
+	}
 	r, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
