@@ -70,7 +70,10 @@
 // dialled again at once in the background, then after 100 ms, 200 ms and
 // so on up to every 30 s while that fails, so that the next release finds
 // it open; one that ends with releases in flight is dialled again by the
-// release path, after the failed batch is retried.
+// release path, after the failed batch is retried. A connection is dialled
+// by whoever needs it first (a release, Warm, a redial); whoever asks for
+// the same vhost meanwhile waits for that dial, and no other vhost's
+// releases do.
 // A heartbeat goroutine sends a heartbeat when nothing was written for half
 // the interval, and ends the connection when nothing arrived for two. Close
 // sends connection.close and waits for every goroutine the Releaser started.
