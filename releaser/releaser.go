@@ -88,7 +88,7 @@ type Releaser struct {
 	mu      sync.Mutex // guards conns, dialing, dialled, failed, missing, dials and closed
 	conns   map[string]*conn
 	dialing map[string]*dialing // dials in progress, by vhost
-	dialled map[string]bool // vhosts connected at least once: a new dial is a reconnect
+	dialled map[string]bool     // vhosts connected at least once: a new dial is a reconnect
 	// failed is when a vhost's publish last failed before anything was
 	// confirmed (no connection, a connection lost with releases in
 	// flight). Batches handed over just after it are refused rather than
