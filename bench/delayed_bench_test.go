@@ -28,7 +28,12 @@ import (
 // interceptor, store with fsync, scheduler, releaser) in this process in
 // front of the real RabbitMQ (AMQP_URL). Run them with
 //
-//	go test -run '^$' -bench 'Delayed|Release_' -benchtime 1x ./bench/
+//	go test -run '^$' -bench 'Release_' -benchtime 1x ./bench/
+//	go test -run '^$' -bench 'DelayedPublish' ./bench/
+//
+// (a Release_ iteration is a whole run of 30,000 messages; a
+// DelayedPublish iteration is one message a side, so it needs the default
+// benchtime, or a count such as -benchtime 80000x).
 
 // startDelayProxy runs a delayproxy on a temporary data dir and returns its
 // AMQP URL (with the broker's credentials); it stops in b.Cleanup. Its logs
