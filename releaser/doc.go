@@ -67,9 +67,9 @@
 // nacks (multiple or not), basic.return and its content, channel.close and
 // connection.close (answered with close-ok; the connection is then closed),
 // connection.blocked and unblocked. A connection that ends while idle is
-// dialled again at once in the background, then after 100 ms, 200 ms and
-// so on up to every 30 s while that fails, so that the next release finds
-// it open; one that ends with releases in flight is dialled again by the
+// dialled again at once in the background (after 100 ms when it lived
+// under a second), then after 200 ms, 400 ms and so on up to every 30 s
+// while that fails, so that the next release finds it open; one that ends with releases in flight is dialled again by the
 // release path, after the failed batch is retried. A connection is dialled
 // by whoever needs it first (a release, Warm, a redial); whoever asks for
 // the same vhost meanwhile waits for that dial, and no other vhost's

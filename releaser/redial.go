@@ -6,10 +6,13 @@ import (
 )
 
 // Backoff of redial: the first attempt is at once, then each wait doubles
-// up to the last.
+// up to the last. After a connection that ended younger than
+// redialYoung, the first attempt waits too, so that a RabbitMQ that closes
+// every new connection is not dialled in a tight loop.
 const (
 	redialFirstWait = 100 * time.Millisecond
 	redialMaxWait   = 30 * time.Second
+	redialYoung     = time.Second
 )
 
 // ended is called by c's reader once c has ended. When c ended with
@@ -33,14 +36,19 @@ func (r *Releaser) ended(c *conn) {
 	if r.closed || r.conns[c.vhost] != c {
 		return // closing, or the vhost has another connection already
 	}
-	r.wg.Go(func() { r.redial(c.vhost) })
+	first := time.Duration(0)
+	if time.Since(c.born) < redialYoung {
+		first = redialFirstWait
+	}
+	r.wg.Go(func() { r.redial(c.vhost, first) })
 }
 
-// redial dials vhost's connection until it has one, backing off between
-// failed attempts, and returns at once when the Releaser closes. conn does
-// the dialling, so a connection a release dialled meanwhile ends it too.
-func (r *Releaser) redial(vhost string) {
-	wait := time.Duration(0)
+// redial dials vhost's connection, after first, until it has one, backing
+// off between failed attempts, and returns at once when the Releaser
+// closes. conn does the dialling, so a connection a release dialled
+// meanwhile ends it too.
+func (r *Releaser) redial(vhost string, first time.Duration) {
+	wait := first
 	for {
 		if wait > 0 {
 			t := time.NewTimer(wait)

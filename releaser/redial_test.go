@@ -41,10 +41,10 @@ func awaitDials(t *testing.T, r *Releaser, vhost string, n int, open bool) {
 	})
 }
 
-// TestIdleConnectionIsDialledAgainAtOnce: when RabbitMQ closes an idle
+// TestAnIdleConnectionLostIsDialledAgain: when RabbitMQ closes an idle
 // release connection, the Releaser dials it again by itself, so the next
 // release goes out on a connection that is already open.
-func TestIdleConnectionIsDialledAgainAtOnce(t *testing.T) {
+func TestAnIdleConnectionLostIsDialledAgain(t *testing.T) {
 	f := newFixture(t, "direct")
 	name := fmt.Sprintf("releaser-redial-%d", time.Now().UnixNano())
 	var counts counts
@@ -93,7 +93,7 @@ func TestCloseEndsARedial(t *testing.T) {
 	if n := testbroker.CloseConnections(t, name); n != 1 {
 		t.Fatalf("closed %d connections, want 1", n)
 	}
-	awaitDials(t, r, vhost, 3, false) // dialled again at once, refused, and again after 100 ms
+	awaitDials(t, r, vhost, 3, false) // dialled again, refused, and again 200 ms later
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}

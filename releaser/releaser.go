@@ -101,7 +101,8 @@ type Releaser struct {
 	dials   int // dial attempts, for tests
 	closed  bool
 
-	// stop ends when Close is called: it cancels redial's dials and waits.
+	// stop ends when Close is called: it ends every dial in progress and
+	// redial's waits.
 	stop     context.Context
 	stopping context.CancelFunc
 
@@ -274,7 +275,12 @@ func (r *Releaser) conn(ctx context.Context, vhost string) (*conn, error) {
 	r.dialing[vhost] = d
 	r.dials++
 	r.mu.Unlock()
+	return r.dialFor(ctx, vhost, d)
+}
 
+// dialFor makes d, the dial of vhost that conn started, without the lock,
+// and records its connection, or its failure for those waiting on d.
+func (r *Releaser) dialFor(ctx context.Context, vhost string, d *dialing) (*conn, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	stopDial := context.AfterFunc(r.stop, cancel)
 	c, rd, err := r.dial(ctx, vhost)
