@@ -14,10 +14,11 @@ type Forwarder struct {
 	l      net.Listener
 	target string
 
-	mu     sync.Mutex // guards conns, frozen, thaw, holding, held and let
-	conns  map[net.Conn]struct{}
-	frozen bool
-	thaw   chan struct{}
+	mu      sync.Mutex // guards closing, conns, frozen, thaw, holding, held and let
+	closing bool       // the test is over: no new connection is relayed
+	conns   map[net.Conn]struct{}
+	frozen  bool
+	thaw    chan struct{}
 	// holding: connections accepted from now on wait, not yet dialled to
 	// the target, until Let; held counts those waiting.
 	holding bool
@@ -42,6 +43,9 @@ func Start(t testing.TB, l net.Listener, target string) *Forwarder {
 		}
 	})
 	t.Cleanup(func() {
+		f.mu.Lock()
+		f.closing = true
+		f.mu.Unlock()
 		l.Close()
 		f.Let()
 		f.Cut()
@@ -71,6 +75,12 @@ func (f *Forwarder) relay(c net.Conn) {
 		return
 	}
 	f.mu.Lock()
+	if f.closing {
+		f.mu.Unlock()
+		c.Close()
+		up.Close()
+		return
+	}
 	f.conns[c], f.conns[up] = struct{}{}, struct{}{}
 	f.mu.Unlock()
 	f.wg.Go(func() { f.pipe(c, up) })
