@@ -104,7 +104,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		return err
 	}
 	defer rel.Close()
-	rel.Warm(ctx, vhostsOf(st.Exchanges())...)
+	rel.Warm(vhostsOf(st.Exchanges())...)
 
 	var now func() time.Time // nil: time.Now
 	if p.clock != nil {
@@ -125,7 +125,7 @@ func (p *Proxy) Run(ctx context.Context) (err error) {
 		return err
 	}
 	icpt = delayed.New(delayed.Config{
-		Store:               warmingStore{Store: st, warm: func(vhost string) { rel.Warm(ctx, vhost) }},
+		Store:               warmingStore{Store: st, warm: func(vhost string) { rel.Warm(vhost) }},
 		Scheduler:           sched,
 		MaxDelay:            p.cfg.MaxDelay,
 		ReleaseWindow:       p.cfg.ReleaseWindow,

@@ -89,7 +89,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	if err := r.Ping(context.Background(), "/"); err != nil {
 		t.Fatal(err)
 	}
-	r.Warm(context.Background(), "/", "/", "no-such-vhost-"+t.Name())
+	r.Warm("/", "/", "no-such-vhost-"+t.Name())
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestASlowDialHoldsUpNoOtherVHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	fw.Hold()
-	r.Warm(context.Background(), vhost)
+	r.Warm(vhost)
 	testwait.Until(t, 10*time.Second, "the new vhost's dial to be held", func() bool { return fw.Held() == 1 })
 	released := make(chan bool, 1)
 	go func() {

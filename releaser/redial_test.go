@@ -98,3 +98,21 @@ func TestCloseEndsARedial(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWarmRetriesUntilLetIn: Warm on a vhost RabbitMQ refuses (no
+// permissions yet) keeps dialling, and connects once it may, with no
+// release asking.
+func TestWarmRetriesUntilLetIn(t *testing.T) {
+	vhost := testbroker.VHost(t, "releaser-warm-")
+	u, err := url.Parse(testbroker.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := u.User.Username()
+	testbroker.Ctl(t, "clear_permissions", "-p", vhost, user)
+	r := newReleaser(t, Config{})
+	r.Warm(vhost)
+	awaitDials(t, r, vhost, 2, false) // refused, and tried again
+	testbroker.Ctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+	awaitDials(t, r, vhost, 3, true)
+}

@@ -328,15 +328,16 @@ func (r *Releaser) drop(c *conn) {
 }
 
 // Warm dials the connections of vhosts in the background, so that the
-// first release after start-up does not wait for a dial. Failures are left
-// for the first release to retry.
-func (r *Releaser) Warm(ctx context.Context, vhosts ...string) {
+// first release after start-up does not wait for a dial; a dial that fails
+// is retried as a redial is, until it succeeds or Close is called.
+func (r *Releaser) Warm(vhosts ...string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return // Close's wait may have begun: start nothing
+	}
 	for _, v := range vhosts {
-		r.wg.Go(func() {
-			if _, err := r.conn(ctx, v); err != nil {
-				r.cfg.Logger.Warn("release connection failed", "vhost", v, "err", err)
-			}
-		})
+		r.wg.Go(func() { r.redial(v, 0) })
 	}
 }
 

@@ -216,7 +216,7 @@ func TestReleaseReconnectsAfterBrokerClosesConnection(t *testing.T) {
 	name := fmt.Sprintf("releaser-test-%d", time.Now().UnixNano())
 	var counts counts
 	r := newReleaser(t, Config{Name: name, Metrics: &counts})
-	r.Warm(context.Background(), "/")
+	r.Warm("/")
 	deadline := time.Now().Add(10 * time.Second)
 	for testbroker.CloseConnections(t, name) == 0 {
 		if time.Now().After(deadline) {
