@@ -3,7 +3,6 @@ package releaser
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"testing"
 	"time"
 
@@ -85,11 +84,7 @@ func TestCloseEndsARedial(t *testing.T) {
 	if err := r.Ping(context.Background(), vhost); err != nil {
 		t.Fatal(err)
 	}
-	u, err := url.Parse(testbroker.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	testbroker.Ctl(t, "clear_permissions", "-p", vhost, u.User.Username())
+	testbroker.Permit(t, vhost, false)
 	if n := testbroker.CloseConnections(t, name); n != 1 {
 		t.Fatalf("closed %d connections, want 1", n)
 	}
@@ -104,15 +99,10 @@ func TestCloseEndsARedial(t *testing.T) {
 // release asking.
 func TestWarmRetriesUntilLetIn(t *testing.T) {
 	vhost := testbroker.VHost(t, "releaser-warm-")
-	u, err := url.Parse(testbroker.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	user := u.User.Username()
-	testbroker.Ctl(t, "clear_permissions", "-p", vhost, user)
+	testbroker.Permit(t, vhost, false)
 	r := newReleaser(t, Config{})
 	r.Warm(vhost)
 	awaitDials(t, r, vhost, 2, false) // refused, and tried again
-	testbroker.Ctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+	testbroker.Permit(t, vhost, true)
 	awaitDials(t, r, vhost, 3, true)
 }

@@ -90,13 +90,25 @@ length(Ps).`
 // deletes it in t.Cleanup.
 func VHost(t testing.TB, prefix string) string {
 	t.Helper()
+	vh := fmt.Sprintf("%s%d", prefix, time.Now().UnixNano())
+	Ctl(t, "add_vhost", vh)
+	t.Cleanup(func() { Ctl(t, "delete_vhost", vh) })
+	Permit(t, vh, true)
+	return vh
+}
+
+// Permit gives AMQP_URL's user every permission on vhost, or with allow
+// false takes them all away, on the default broker: its connections to
+// vhost are refused from then on (530 NOT_ALLOWED), those open stay open.
+func Permit(t testing.TB, vhost string, allow bool) {
+	t.Helper()
 	u, err := url.Parse(URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	vh := fmt.Sprintf("%s%d", prefix, time.Now().UnixNano())
-	Ctl(t, "add_vhost", vh)
-	t.Cleanup(func() { Ctl(t, "delete_vhost", vh) })
-	Ctl(t, "set_permissions", "-p", vh, u.User.Username(), ".*", ".*", ".*")
-	return vh
+	if allow {
+		Ctl(t, "set_permissions", "-p", vhost, u.User.Username(), ".*", ".*", ".*")
+	} else {
+		Ctl(t, "clear_permissions", "-p", vhost, u.User.Username())
+	}
 }
