@@ -127,9 +127,19 @@ func (s *Scheduler) waiting(now time.Time) (n, oldest int64) {
 	end := (nowMs/60_000 + 1) * 60_000
 	stored := s.st.Upcoming([]int64{end})[0]
 	if onDisk := stored - int64(s.w.Len()+len(s.outstanding)); onDisk > 0 {
+		// The oldest on disk is due at the cursor at the earliest, and
+		// no earlier than the first stored message: before the first
+		// scan the cursor is at the start of time.
+		first := c
+		if due, ok := s.st.NextDue(); ok {
+			first = max(first, due)
+		}
+		if first > nowMs {
+			return n, oldest // nothing on disk is due yet
+		}
 		n += onDisk
-		if oldest == 0 || c < oldest {
-			oldest = c
+		if oldest == 0 || first < oldest {
+			oldest = first
 		}
 	}
 	return n, oldest
