@@ -77,7 +77,7 @@ func (p *Proxy) openStore(ctx context.Context, m *metrics.Metrics, ann *lateAnno
 		if err != nil {
 			return nil, err
 		}
-		st, err := boltstore.Open(path, boltstore.Options{Metrics: m})
+		st, err := boltstore.Open(path, boltstore.Options{Metrics: m, Logger: p.log.With("room", "store")})
 		if err != nil {
 			return nil, fmt.Errorf("open store %s: %w", path, err)
 		}

@@ -36,6 +36,9 @@ type batch struct {
 
 	late          []store.Key // far puts into the range of the running cascade scan
 	puts, deletes int
+
+	journaled  int    // messages of the journal written by this batch (see checkpoint)
+	journalGen uint64 // the journal's next generation once this batch commits; 0: unchanged
 }
 
 func (s *Store) newBatch(tx *bolt.Tx) *batch {
@@ -71,6 +74,8 @@ func (b *batch) count(inc uint64) int64 { return b.s.counts[inc] + b.delta[inc] 
 
 func (b *batch) apply(r *request) error {
 	switch r.kind {
+	case opCheckpoint:
+		// Nothing: every commit checkpoints first.
 	case opPut:
 		for i := range r.puts {
 			if err := b.put(&r.puts[i]); err != nil {
@@ -391,6 +396,11 @@ func (b *batch) finish() error {
 	}
 	if b.nextSeq != b.s.persistedSeq {
 		if err := b.meta.Put(metaSeq, u64(b.nextSeq)); err != nil {
+			return err
+		}
+	}
+	if b.journalGen != 0 {
+		if err := b.meta.Put(metaJournal, journalMeta(b.s.jr.id, b.journalGen)); err != nil {
 			return err
 		}
 	}

@@ -13,21 +13,37 @@ import (
 
 // commit applies a group of requests in one transaction. A request-level
 // refusal (unknown exchange) fails that request alone; a transaction
-// failure fails every request of the group.
+// failure fails every request of the group. The transaction is also a
+// checkpoint: it first writes the journaled messages (the overlay) into
+// bbolt and moves the journal to its next generation, so that every bbolt
+// write comes after the journaled Puts it may depend on (a Delete of a
+// message journaled a moment ago, an exchange deleted after its Puts).
 func (s *Store) commit(reqs []*request) {
+	s.commitGroup(reqs, true)
+}
+
+// commitGroup is commit, with or without the checkpoint. When bbolt has no
+// room for the journaled messages (ErrFull), the requests that touch none
+// of them are committed again without the checkpoint, so that deletes can
+// still make room; the others fail with ErrFull.
+func (s *Store) commitGroup(reqs []*request, withCheckpoint bool) {
 	start := time.Now()
 	var b *batch
 	tx, err := s.db.Begin(true)
 	if err == nil {
 		b = s.newBatch(tx)
+		if withCheckpoint {
+			err = b.checkpoint()
+		}
 		for _, r := range reqs {
+			if err != nil {
+				break
+			}
 			if cerr := r.ctx.Err(); cerr != nil {
 				r.err = cerr // the caller has gone: leave its request out
 				continue
 			}
-			if err = b.apply(r); err != nil {
-				break
-			}
+			err = b.apply(r)
 		}
 		if err == nil {
 			err = b.finish()
@@ -39,6 +55,27 @@ func (s *Store) commit(reqs []*request) {
 		}
 	}
 	dur := time.Since(start)
+	if err != nil && b != nil && b.journalGen != 0 && errors.Is(commitError(err), store.ErrFull) {
+		s.checkpointFull = true
+		var retry []*request
+		for _, r := range reqs {
+			if r.err == nil && s.independent(r) {
+				retry = append(retry, r)
+			} else if r.err == nil {
+				r.err = commitError(err)
+			}
+		}
+		s.recordCommit(store.CommitInfo{Requests: len(reqs) - len(retry), Duration: dur, Err: commitError(err)}, false, false)
+		for _, r := range reqs {
+			if r.err != nil {
+				close(r.done)
+			}
+		}
+		if len(retry) > 0 {
+			s.commitGroup(retry, false)
+		}
+		return
+	}
 	info := store.CommitInfo{Requests: len(reqs), Duration: dur}
 	if err != nil {
 		err = commitError(err)
@@ -50,25 +87,38 @@ func (s *Store) commit(reqs []*request) {
 		}
 	} else {
 		s.applyCommitted(b)
-		info.Messages, info.Deletes = b.puts, b.deletes
+		info.Messages, info.Deletes = b.puts-b.journaled, b.deletes
 	}
+	s.recordCommit(info, false, err == nil && b.journalGen != 0)
+	for _, r := range reqs {
+		close(r.done)
+	}
+}
+
+// recordCommit counts a group commit in Stats and reports it to Metrics:
+// journaled when it was a journal append, checkpoint when it moved
+// journaled messages into bbolt.
+func (s *Store) recordCommit(info store.CommitInfo, journaled, checkpoint bool) {
 	s.statsMu.Lock()
-	if err != nil {
+	if info.Err != nil {
 		s.stats.FailedCommits++
 	} else {
 		s.stats.Commits++
-		s.stats.Requests += uint64(len(reqs))
-		s.stats.Messages += uint64(b.puts)
-		s.stats.Deletes += uint64(b.deletes)
-		s.stats.MaxBatch = max(s.stats.MaxBatch, b.puts+b.deletes)
+		s.stats.Requests += uint64(info.Requests)
+		s.stats.Messages += uint64(info.Messages)
+		s.stats.Deletes += uint64(info.Deletes)
+		s.stats.MaxBatch = max(s.stats.MaxBatch, info.Messages+info.Deletes)
+		if journaled {
+			s.stats.JournalCommits++
+		}
+		if checkpoint {
+			s.stats.Checkpoints++
+		}
 	}
-	s.stats.CommitTime += dur
+	s.stats.CommitTime += info.Duration
 	s.statsMu.Unlock()
 	if s.opts.Metrics != nil {
 		s.opts.Metrics.Commit(info)
-	}
-	for _, r := range reqs {
-		close(r.done)
 	}
 }
 
@@ -86,6 +136,10 @@ func commitError(err error) error {
 // applyCommitted makes a committed batch visible in memory: registry,
 // counters, slot counts and the far minimum.
 func (s *Store) applyCommitted(b *batch) {
+	if b.journalGen != 0 {
+		s.jr.restart(b.journalGen)
+		s.journalFailed, s.checkpointFull = false, false
+	}
 	s.incCounter = b.incCounter
 	s.persistedSeq = b.nextSeq
 	for idx, c := range b.sc {
@@ -97,6 +151,9 @@ func (s *Store) applyCommitted(b *batch) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if b.journalGen != 0 {
+		s.ov.reset() // now in bbolt, in the same critical section as the counts
+	}
 	for k, d := range b.ex {
 		if d == nil {
 			delete(s.exchanges, k)

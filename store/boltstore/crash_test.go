@@ -149,6 +149,9 @@ func TestCrashKeepsConfirmedPuts(t *testing.T) {
 				t.Fatalf("round %d: message %s came back as %q with body %q", round, ids[i], m.MessageID, m.Body)
 			}
 		}
+		if s.Stats().Checkpoints == 0 {
+			t.Errorf("round %d: nothing replayed from the journal: the child's last Puts were all checkpointed", round)
+		}
 		if p := s.Pending(); p < int64(len(confirmed)) {
 			t.Errorf("round %d: Pending %d < %d confirmed", round, p, len(confirmed))
 		}

@@ -1,23 +1,30 @@
 // Package boltstore is the embedded implementation of the store contract
 // (package store): delayed messages in one bbolt file laid out as a timing
 // wheel on disk, with the registry of delayed exchanges, a message-id index,
-// exact counters and a tally of due times. Open, Options, Stats and Check
-// are its own; everything else is store.Store.
+// exact counters and a tally of due times, and a journal beside it (path
+// "-journal") that takes groups of Puts ahead of bbolt. Open, Options, Stats
+// and Check are its own; everything else is store.Store.
 //
 // # Invariants
 //
 // The numbers are the root package's invariants.
 //
-//   - Put returns nil only after the commit holding its messages is
-//     fsync'd; a failed commit fails every request in it (invariant 1).
+//   - Put returns nil only once its messages are durable: in a journal
+//     record that was fdatasync'd, or in a bbolt commit that was; a failed
+//     append or commit fails every request in it (invariant 1).
+//   - A stored message is in the journal or in bbolt, and readers find it
+//     in either: every bbolt commit first writes the journaled messages
+//     (a checkpoint) and moves the journal to its next generation in the
+//     same transaction, and Open replays the journal before it returns.
 //   - Keys come out in release order (invariant 4) although every bucket
 //     is appended to in publish order: readers sort one slot at a time.
-//   - Memory holds no message beyond the one slot being read (invariant
-//     5): what grows is the tally, one 480-byte row per hour of due times
-//     that holds a message, not per message.
-//   - Open reads metadata, the registry, the counters and the tally, never
-//     messages (invariant 6), except once, when it upgrades an older
-//     schema.
+//   - Memory holds no message beyond the one slot being read and the
+//     journaled ones (invariant 5): at most 16,384 messages and 32 MiB,
+//     whatever the pending count. What grows is the tally, one 480-byte
+//     row per hour of due times that holds a message, not per message.
+//   - Open reads metadata, the registry, the counters, the tally and the
+//     journal, never bbolt's messages (invariant 6), except once, when it
+//     upgrades an older schema.
 //   - Counters and tally change in the transaction that changes what they
 //     count, and Check proves them against the messages.
 //   - A slot loses messages only whole: a released mark is only made for a
@@ -43,10 +50,24 @@
 // The writer goroutine takes the first queued request, then every request
 // that queued up meanwhile (up to Options.MaxBatch messages, yielding the
 // processor once when the queue runs dry, as long as yielding brings new
-// requests; never sleeping), applies them in one transaction and commits.
-// Each caller waits for the commit holding its request only. A cascade
-// pass's move, NextDue's far scan (when every message lies beyond W) and
-// Check run between commits in the same goroutine.
+// requests; never sleeping), and commits them together. Each caller waits
+// for the commit holding its request only. A cascade pass's move,
+// NextDue's far scan (when every message lies beyond W) and Check run
+// between commits in the same goroutine.
+//
+// # Journal
+//
+// A group of Puts alone is committed to the journal (journal.go): one
+// record, one fdatasync, against bbolt's two fdatasyncs and some twenty
+// pages at random places. Its messages then join the overlay
+// (overlay.go), through which Get, the counts, NextDue and Upcoming see
+// them. Any other write, Check, Close, a read that walks bbolt (ScanKeys,
+// List, Counts' due times), 16,384 journaled messages or a full journal
+// file make the next commit a checkpoint, which writes them into bbolt.
+// When bbolt has no room for them (ErrFull) they stay journaled: only the
+// requests that touch none of them are committed, so that deletes can
+// still make room, and the journal takes nothing more until a checkpoint
+// succeeds.
 //
 // # bbolt settings
 //

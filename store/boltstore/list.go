@@ -36,6 +36,9 @@ func (s *Store) List(vhost, exchange string, after store.Key, limit int, withBod
 		limit = defaultListLimit
 	}
 	limit = min(limit, maxListLimit)
+	if err := s.settle(); err != nil {
+		return nil, err
+	}
 	inc := u64(d.Incarnation)
 	match := func(k, v []byte) bool {
 		return len(v) >= msgHeaderSize && bytes.Equal(v[2:10], inc) && bytes.Compare(k, after[:]) > 0

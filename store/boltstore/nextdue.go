@@ -10,12 +10,28 @@ import (
 )
 
 // NextDue is the earliest due time of any stored message (stale ones
-// included). Usually it reads the first slot (one slot width of
+// included): the earlier of the journaled messages' (kept in memory) and
+// bbolt's. For bbolt it usually reads the first slot (one slot width of
 // messages); when every message lies beyond the watermark it asks the
 // writer, which keeps the earliest far due cached (a scan of one far bucket
 // when the cache was invalidated). false when nothing is stored or the
 // store is closed.
 func (s *Store) NextDue() (int64, bool) {
+	s.mu.RLock()
+	journaled := s.ov.minDue // read first: a checkpoint moves messages into bbolt, never out
+	s.mu.RUnlock()
+	due, ok := s.storedNextDue()
+	if journaled != math.MaxInt64 && (!ok || journaled < due) {
+		if s.isClosed() {
+			return 0, false
+		}
+		return journaled, true
+	}
+	return due, ok
+}
+
+// storedNextDue is NextDue over bbolt alone.
+func (s *Store) storedNextDue() (int64, bool) {
 	var due int64
 	var ok bool
 	if err := s.view(func(tx *bolt.Tx) error {

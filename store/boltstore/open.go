@@ -67,18 +67,20 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("%w: %s: not a bbolt file (%v)", ErrNotStore, path, err)
 	}
 	s := &Store{
-		db:        db,
-		path:      path,
-		opts:      o,
-		leadMs:    o.CascadeLead.Milliseconds(),
-		maxBatch:  o.MaxBatch,
-		passMax:   cascadePassMax,
-		reqs:      make(chan *request, requestQueue),
-		done:      make(chan struct{}),
-		exchanges: make(map[exKey]store.ExchangeDef),
-		liveInc:   make(map[uint64]exKey),
-		counts:    make(map[uint64]int64),
-		tally:     make(map[int64]*tallyRow),
+		db:         db,
+		path:       path,
+		opts:       o,
+		leadMs:     o.CascadeLead.Milliseconds(),
+		maxBatch:   o.MaxBatch,
+		passMax:    cascadePassMax,
+		journalMax: journalMaxMessages,
+		reqs:       make(chan *request, requestQueue),
+		done:       make(chan struct{}),
+		exchanges:  make(map[exKey]store.ExchangeDef),
+		liveInc:    make(map[uint64]exKey),
+		counts:     make(map[uint64]int64),
+		tally:      make(map[int64]*tallyRow),
+		ov:         newOverlay(),
 
 		slotCounts: make(map[int64]slotCount),
 	}
@@ -93,8 +95,60 @@ func Open(path string, opts Options) (*Store, error) {
 		}
 	}
 	s.recount()
+	if err := s.openJournal(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
 	go s.run()
 	return s, nil
+}
+
+// journalPath is where the journal of the store at path lives.
+func journalPath(path string) string { return path + "-journal" }
+
+// openJournal opens the journal and replays what it holds beyond bbolt:
+// the messages of Puts that returned nil before a crash or a failed
+// checkpoint. They are checkpointed into bbolt before Open returns.
+func (s *Store) openJournal() error {
+	var id, gen uint64
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketMeta).Get(metaJournal)
+		if len(v) != 16 {
+			return fmt.Errorf("%w: bad journal entry in meta", errCorrupt)
+		}
+		id, gen = beUint64(v), beUint64(v[8:])
+		return nil
+	}); err != nil {
+		return err
+	}
+	path := journalPath(s.path)
+	recordGen, items, err := readJournal(path, id, gen)
+	if err != nil {
+		return fmt.Errorf("read journal: %w", err)
+	}
+	if s.jr, err = openJournal(path, id, gen, !s.opts.NoSync); err != nil {
+		return err
+	}
+	if s.jr.size == 0 {
+		s.opts.Logger.Warn("store: no room on the disk for the journal: every Put commits to bbolt directly until the next start",
+			"journal", path, "needs", journalSize)
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	s.jr.gen = recordGen
+	s.ov.add(items, s.isLive)
+	next := s.persistedSeq
+	for i := range items {
+		next = max(next, items[i].key.Seq()+1)
+	}
+	s.nextSeq.Store(next)
+	// Without room in bbolt the messages stay journaled, as before.
+	if err := s.checkpoint(); err != nil && !errors.Is(err, store.ErrFull) {
+		s.jr.close()
+		return fmt.Errorf("replay journal: %w", err)
+	}
+	return nil
 }
 
 // create initialises a new store in a temporary file and links it into
@@ -139,6 +193,7 @@ func create(path string, o Options) error {
 			string(metaSeq):         u64(1),
 			string(metaIncarnation): u64(0),
 			string(metaWatermark):   u64(0),
+			string(metaJournal):     journalMeta(newJournalID(), 1),
 		} {
 			if err := meta.Put([]byte(k), v); err != nil {
 				return err
@@ -233,16 +288,23 @@ func (s *Store) load(tx *bolt.Tx) error {
 	})
 }
 
-// upgradeSchema brings an older file to the current schema: it adds the
-// released bucket (version 1 deleted released messages outright, so it
-// starts empty) and the tally, counted from every key of the file once
-// (versions 1 and 2 kept none), and puts the epoch first in the ids
-// index's keys (versions 1 to 3).
+// upgradeSchema brings an older file to the current schema: it gives it a
+// journal id (versions 1 to 4 had no journal), adds the released bucket
+// (version 1 deleted released messages outright, so it starts empty) and
+// the tally, counted from every key of the file once (versions 1 and 2
+// kept none), and puts the epoch first in the ids index's keys (versions 1
+// to 3).
 func (s *Store) upgradeSchema(tx *bolt.Tx) error {
+	meta := tx.Bucket(bucketMeta)
+	if err := meta.Put(metaJournal, journalMeta(newJournalID(), 1)); err != nil {
+		return err
+	}
+	if s.fileVersion >= 4 {
+		return meta.Put(metaVersion, u64(schemaVersion))
+	}
 	if err := upgradeIDs(tx); err != nil {
 		return err
 	}
-	meta := tx.Bucket(bucketMeta)
 	if s.fileVersion >= 3 {
 		return meta.Put(metaVersion, u64(schemaVersion))
 	}

@@ -2,6 +2,7 @@ package boltstore
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -50,6 +51,9 @@ type Options struct {
 	// Metrics, when set, hears of every group commit (commit latency and
 	// batch size histograms); *metrics.Metrics is one.
 	Metrics Metrics
+	// Logger reports what Open recovers from or works around (no room on
+	// the disk for the journal); nil: slog.Default().
+	Logger *slog.Logger
 }
 
 // Metrics is what the store reports to. Commit is called by the writer
@@ -77,6 +81,9 @@ func (o Options) normalize() (Options, error) {
 	}
 	if o.LockTimeout <= 0 {
 		o.LockTimeout = defaultLockTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
 	}
 	switch {
 	case o.SlotWidth < time.Millisecond || o.SlotWidth%time.Millisecond != 0:

@@ -2,6 +2,7 @@ package boltstore
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 
@@ -10,14 +11,29 @@ import (
 	"github.com/delayproxy/delayproxy/store"
 )
 
-// Get reads messages by key in one read transaction. The result has one
-// entry per key, nil for a key that is not stored.
+// Get reads messages by key: the journaled ones from memory, then the
+// others in one read transaction. The result has one entry per key, nil
+// for a key that is not stored. The journal comes first: a message that a
+// checkpoint moves meanwhile is in bbolt by the time the transaction
+// begins.
 func (s *Store) Get(keys []store.Key) ([]*store.Message, error) {
 	out := make([]*store.Message, len(keys))
+	vals := make([][]byte, len(keys))
+	s.mu.RLock()
+	journaled := 0
+	for i, k := range keys {
+		if vals[i] = s.ov.get(k); vals[i] != nil {
+			journaled++
+		}
+	}
+	s.mu.RUnlock()
 	err := s.view(func(tx *bolt.Tx) error {
 		w := readWatermark(tx)
 		for i, k := range keys {
-			v := s.lookup(tx, w, k)
+			v := vals[i]
+			if v == nil && journaled < len(keys) {
+				v = s.lookup(tx, w, k)
+			}
 			if v == nil {
 				continue
 			}
@@ -33,6 +49,18 @@ func (s *Store) Get(keys []store.Key) ([]*store.Message, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// settle asks the writer for a checkpoint when messages are journaled, so
+// that a read of bbolt after it sees every Put that returned before it.
+func (s *Store) settle() error {
+	s.mu.RLock()
+	n := len(s.ov.items)
+	s.mu.RUnlock()
+	if n == 0 {
+		return nil
+	}
+	return s.do(context.Background(), &request{kind: opCheckpoint})
 }
 
 // lookup finds the stored value of k in tx (nil if absent or released).
@@ -63,6 +91,9 @@ func (s *Store) ScanKeys(from, until int64, fn func(store.Key) error) error {
 	until = min(until, maxDue)
 	if until <= from {
 		return nil
+	}
+	if err := s.settle(); err != nil {
+		return err
 	}
 	if err := s.cascadeTo(until); err != nil {
 		return err

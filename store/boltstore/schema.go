@@ -8,8 +8,8 @@ import (
 
 const (
 	// schemaVersion 2 added the released bucket, 3 the tally, 4 put the
-	// epoch first in ids keys; Open upgrades an older file.
-	schemaVersion = 4
+	// epoch first in ids keys, 5 the journal; Open upgrades an older file.
+	schemaVersion = 5
 	storeMagic    = "delayproxy store"
 
 	// maxDue bounds due times (year ~146 million) so that watermark
@@ -31,6 +31,8 @@ const (
 //	exchanges  uvarint len, vhost, name -> encoded ExchangeDef
 //	meta       magic, version, slot-ms, far-ms, seq (next sequence),
 //	           incarnation (last one handed out), watermark W (ms),
+//	           journal: id (8 B BE) | generation of the records not yet
+//	           in bbolt (8 B BE) (journal.go),
 //	           counts: nested bucket incarnation (8 B BE) -> stored messages (8 B BE)
 //	           tally:  nested bucket hour (8 B BE) -> 60 uvarint counts (tally.go)
 //
@@ -64,6 +66,7 @@ var (
 	metaSeq         = []byte("seq")
 	metaIncarnation = []byte("incarnation")
 	metaWatermark   = []byte("watermark")
+	metaJournal     = []byte("journal")
 )
 
 func metaU64(b *bolt.Bucket, k []byte) (uint64, bool) {
@@ -94,3 +97,8 @@ func readWatermark(tx *bolt.Tx) int64 {
 }
 
 func beUint64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
+
+// journalMeta encodes meta's journal value.
+func journalMeta(id, gen uint64) []byte {
+	return binary.BigEndian.AppendUint64(u64(id), gen)
+}

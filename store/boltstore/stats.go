@@ -4,7 +4,9 @@ import "time"
 
 // Stats are cumulative counters of a Store since Open.
 type Stats struct {
-	Commits          uint64        // successful group commits
+	Commits          uint64        // successful group commits (journal appends and bbolt commits)
+	JournalCommits   uint64        // of Commits, those that appended to the journal
+	Checkpoints      uint64        // of Commits, bbolt commits that took journaled messages
 	FailedCommits    uint64        // commits that failed (every request in them failed)
 	Requests         uint64        // write requests served by successful commits
 	Messages         uint64        // messages written by Put
@@ -24,7 +26,7 @@ func (s *Store) Stats() Stats {
 	st := s.stats
 	s.statsMu.Unlock()
 	s.mu.RLock()
-	st.Stale = s.stale
+	st.Stale = s.stale + s.ov.stale
 	s.mu.RUnlock()
 	bs := s.db.Stats()
 	st.PageWrites = uint64(bs.TxStats.GetWrite())

@@ -30,8 +30,11 @@ type Store struct {
 	farMs    int64 // far bucket width in ms, as recorded in the file
 	leadMs   int64
 	maxBatch int
-	passMax  int    // most messages per cascade pass (cascadePassMax; tests lower it)
-	scanHook func() // tests: runs in the cascade scan goroutine before it scans
+	passMax  int // most messages per cascade pass (cascadePassMax; tests lower it)
+	// journalMax is the most messages journaled before a checkpoint
+	// (journalMaxMessages; tests lower it).
+	journalMax int
+	scanHook   func() // tests: runs in the cascade scan goroutine before it scans
 
 	nextSeq atomic.Uint64 // next sequence handed out to Put
 
@@ -56,6 +59,7 @@ type Store struct {
 	farMin    int64            // earliest due in far buckets (math.MaxInt64: none), when farMinOK
 	farMinOK  bool
 	tally     map[int64]*tallyRow // stored messages by due minute, a row per hour (see tally.go)
+	ov        overlay             // journaled messages not yet in bbolt (overlay.go)
 
 	// Writer-only state (no lock: touched by the writer goroutine alone).
 	incCounter   uint64       // last incarnation handed out
@@ -65,6 +69,14 @@ type Store struct {
 	// released marks as last committed: it tells when a slot may be all
 	// released, which two counting walks then prove before the drop.
 	slotCounts map[int64]slotCount
+	jr         *journal // the journal in front of bbolt (journal.go)
+	// journalFailed: an append failed since the last checkpoint, so the
+	// journal takes nothing until a checkpoint moves it to a new
+	// generation.
+	journalFailed bool
+	// checkpointFull: the last checkpoint failed for want of room in
+	// bbolt, so the journal takes nothing more until one succeeds.
+	checkpointFull bool
 
 	fileVersion uint64 // Open: the file's schema version before any upgrade (set by load)
 
@@ -111,6 +123,9 @@ func (s *Store) Close() error {
 		err = s.db.Update(func(*bolt.Tx) error { return nil })
 	}
 	if cerr := s.db.Close(); err == nil {
+		err = cerr
+	}
+	if cerr := s.jr.close(); err == nil {
 		err = cerr
 	}
 	return err

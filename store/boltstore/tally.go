@@ -26,8 +26,10 @@ const (
 // tallyRow counts the stored messages due in each minute of one hour.
 type tallyRow [tallyRowLen]int64
 
-// Upcoming implements store.Store from the in-memory tally: its cost is the
-// number of hours that hold a stored message, times 60.
+// Upcoming implements store.Store from the in-memory tally and the
+// journaled messages: its cost is the number of hours that hold a stored
+// message, times 60, plus the messages journaled since the last
+// checkpoint.
 func (s *Store) Upcoming(bounds []int64) []int64 {
 	out := make([]int64, len(bounds)+1)
 	s.mu.RLock()
@@ -41,6 +43,10 @@ func (s *Store) Upcoming(bounds []int64) []int64 {
 			// The range of due: after every bound at or before it.
 			out[sort.Search(len(bounds), func(i int) bool { return bounds[i] > due })] += n
 		}
+	}
+	for i := range s.ov.items {
+		due := s.ov.items[i].key.Due() / tallyMinute * tallyMinute
+		out[sort.Search(len(bounds), func(i int) bool { return bounds[i] > due })]++
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package boltstore
 
 import (
 	"context"
+	"errors"
 	"runtime"
 
 	"github.com/delayproxy/delayproxy/store"
@@ -28,6 +29,9 @@ const (
 	opCascade // move the watermark to at least target (between commits)
 	opNextDue // earliest due over slots and far buckets (between commits)
 	opCheck   // integrity check (between commits)
+	// opCheckpoint writes the journaled messages into bbolt: a commit of
+	// nothing else (reads that walk bbolt ask for it).
+	opCheckpoint
 )
 
 // putItem is one message prepared by Put in the caller's goroutine.
@@ -127,7 +131,7 @@ func (s *Store) run() {
 				runtime.Gosched()
 			}
 		}
-		if len(batch) > 0 {
+		if len(batch) > 0 && !s.journalCommit(batch) {
 			s.commit(batch)
 		}
 		for _, r := range between {
@@ -138,10 +142,17 @@ func (s *Store) run() {
 				r.n, r.ok, r.err = s.nextDueExact()
 				close(r.done)
 			case opCheck:
-				r.err = s.check()
+				// Check bbolt as it is when the journaled messages
+				// cannot go in for want of room.
+				if r.err = s.checkpoint(); r.err == nil || errors.Is(r.err, store.ErrFull) {
+					r.err = s.check()
+				}
 				close(r.done)
 			}
 		}
 		cascades = s.cascadeStep(cascades, reqs != nil, cascadeErr)
 	}
+	// Closing: leave nothing in the journal that a clean Close could have
+	// put in bbolt (a failure here leaves it to the next Open's replay).
+	_ = s.checkpoint()
 }
