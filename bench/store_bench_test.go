@@ -143,6 +143,8 @@ func benchStorePutWith(b *testing.B, layout storeLayout, pending, writers int, o
 	b.ReportMetric(float64(b.N)/float64(max(commits, 1)), "msgs/commit")
 	b.ReportMetric(float64(st.CommitTime-before.CommitTime)/float64(max(commits, 1))/1e6, "ms/commit")
 	b.ReportMetric(float64(st.PageWrites-before.PageWrites)/float64(max(commits, 1)), "pages/commit")
+	b.ReportMetric(float64(st.JournalCommits-before.JournalCommits)/float64(max(commits, 1)), "journaled/commit")
+	b.ReportMetric(float64(st.Checkpoints-before.Checkpoints), "checkpoints")
 }
 
 // openPrefilled opens a private copy of the prefilled store of layout with
@@ -316,12 +318,12 @@ func BenchmarkStoreFsync_Floor(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/commit")
 }
 
-// BenchmarkStoreFsync_LogFloor is the disk's floor for one commit of a log
-// in front of bbolt (not built): append a full group commit of 256
-// encoded messages (100-byte bodies) to a preallocated file, then
-// fdatasync, once. It reports ceiling-msgs/s, 256 messages over that
-// time: what StorePut_Parallel256 could reach at best with such a log and
-// every commit full, before any CPU work.
+// BenchmarkStoreFsync_LogFloor is the disk's floor for one append to the
+// store's journal: a full group commit of 256 encoded messages (100-byte
+// bodies) written to a preallocated file, then one fdatasync. It reports
+// ceiling-msgs/s, 256 messages over that time: what StorePut_Parallel256
+// could reach at best with every commit full, before any CPU work and
+// without checkpoints.
 func BenchmarkStoreFsync_LogFloor(b *testing.B) {
 	f, err := os.Create(filepath.Join(b.TempDir(), "log"))
 	if err != nil {
