@@ -39,6 +39,7 @@ type batch struct {
 
 	journaled  int    // messages of the journal written by this batch (see checkpoint)
 	journalGen uint64 // the journal's next generation once this batch commits; 0: unchanged
+	frozenOnly bool   // a background checkpoint: it writes the frozen layer alone
 }
 
 func (s *Store) newBatch(tx *bolt.Tx) *batch {

@@ -3,15 +3,24 @@ package boltstore
 import (
 	"bytes"
 	"context"
+	"errors"
+	"time"
 
 	"github.com/delayproxy/delayproxy/store"
 )
 
+// checkpointAt is how many messages the active layer holds before the
+// writer checkpoints it in the background; the rest, up to
+// journalMaxMessages, is room for appends while a checkpoint runs.
+const checkpointAt = journalMaxMessages * 3 / 4
+
 // checkpoint commits the journaled messages to bbolt when there are any
-// (or an append failed since the last checkpoint); the writer runs it
-// before a Check and when it exits, and reads ask for it (opCheckpoint).
+// (or an append failed since the last checkpoint), once the background
+// checkpoint, if one runs, has ended. The writer runs it before a Check
+// and when it exits, and reads ask for it (opCheckpoint).
 func (s *Store) checkpoint() error {
-	if s.jr == nil || (len(s.ov.items) == 0 && !s.journalFailed) {
+	s.awaitCheckpoint()
+	if s.jr == nil || (s.ov.len() == 0 && !s.journalFailed) {
 		return nil
 	}
 	r := &request{kind: opCheckpoint, ctx: context.Background(), done: make(chan struct{})}
@@ -19,23 +28,100 @@ func (s *Store) checkpoint() error {
 	return r.err
 }
 
-// checkpoint writes the journaled messages (the overlay) into the batch
+// checkpoint writes every journaled message into the batch (the frozen
+// layer first: one is left only by a background checkpoint that failed)
 // and moves the journal to its next generation with it, when there are
 // any or an append failed since the last checkpoint (its record must
 // never be replayed).
 func (b *batch) checkpoint() error {
 	s := b.s
-	if s.jr == nil || (len(s.ov.items) == 0 && !s.journalFailed) {
+	if s.jr == nil || (s.ov.len() == 0 && !s.journalFailed) {
 		return nil
 	}
-	b.journaled = len(s.ov.items)
+	b.journaled = s.ov.len()
 	b.journalGen = s.jr.gen + 1
-	for i := range s.ov.items {
-		if err := b.put(&s.ov.items[i]); err != nil {
+	for p := range s.ov.items() {
+		if err := b.put(p); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// maybeCheckpoint starts a background checkpoint when the active layer
+// holds checkpointAt messages and none runs.
+func (s *Store) maybeCheckpoint() {
+	if s.ckDone == nil && !s.checkpointFull && len(s.ov.frozen.items) == 0 && len(s.ov.active.items) >= checkpointAt {
+		s.startCheckpoint()
+	}
+}
+
+// startCheckpoint freezes the active layer and writes it into bbolt in a
+// goroutine of its own, while the journal takes the next generation in its
+// other file. Until awaitCheckpoint takes its outcome the writer only
+// appends to the journal: the checkpoint's transaction and applyCommitted
+// use the writer's state (watermark, counters, slot counts, cascade scan).
+func (s *Store) startCheckpoint() {
+	next := s.jr.gen + 1
+	s.mu.Lock()
+	s.ov.freeze()
+	s.mu.Unlock()
+	s.jr.restart(next)
+	done := make(chan error, 1)
+	s.ckDone = done
+	go func() { done <- s.checkpointFrozen(next) }()
+}
+
+// awaitCheckpoint waits for the background checkpoint, if one runs.
+func (s *Store) awaitCheckpoint() {
+	if s.ckDone != nil {
+		s.checkpointEnded(<-s.ckDone)
+	}
+}
+
+// checkpointEnded takes the outcome of the background checkpoint. After a
+// failure the frozen layer stays, and the next commit writes it with the
+// active one; without room in bbolt (ErrFull) the journal also takes
+// nothing more until a checkpoint succeeds.
+func (s *Store) checkpointEnded(err error) {
+	s.ckDone = nil
+	if errors.Is(err, store.ErrFull) {
+		s.checkpointFull = true
+	}
+}
+
+// checkpointFrozen writes the frozen layer into bbolt, with next as the
+// journal's next generation. It runs in the background checkpoint's
+// goroutine.
+func (s *Store) checkpointFrozen(next uint64) error {
+	start := time.Now()
+	var b *batch
+	tx, err := s.db.Begin(true)
+	if err == nil {
+		b = s.newBatch(tx)
+		b.journaled, b.journalGen, b.frozenOnly = len(s.ov.frozen.items), next, true
+		for i := range s.ov.frozen.items {
+			if err = b.put(&s.ov.frozen.items[i]); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			err = b.finish()
+		}
+		if err == nil {
+			err = tx.Commit()
+		} else {
+			tx.Rollback()
+		}
+	}
+	info := store.CommitInfo{Duration: time.Since(start)}
+	if err != nil {
+		info.Err = commitError(err)
+	} else {
+		s.applyCommitted(b)
+	}
+	s.recordCommit(info, false, err == nil)
+	return info.Err
 }
 
 // independent reports whether r touches no journaled message, so that it
@@ -53,16 +139,15 @@ func (s *Store) independent(r *request) bool {
 		return true
 	case opCancelID:
 		prefix := idPrefix(0, []byte(r.vhost), []byte(r.name), []byte(r.id))[idEpochSize:]
-		for i := range s.ov.items {
-			id := s.ov.items[i].id
-			if len(id) == idEpochSize+len(prefix)+store.KeySize && bytes.HasPrefix(id[idEpochSize:], prefix) {
+		for p := range s.ov.items() {
+			if len(p.id) == idEpochSize+len(prefix)+store.KeySize && bytes.HasPrefix(p.id[idEpochSize:], prefix) {
 				return false
 			}
 		}
 		return true
 	case opCancelExchange, opDeleteExchange:
 		d, ok := s.exchanges[exKey{r.vhost, r.name}]
-		return !ok || s.ov.counts[d.Incarnation] == 0
+		return !ok || s.ov.count(d.Incarnation) == 0
 	}
 	return false // opCheckpoint: it asked for the journal
 }

@@ -27,6 +27,7 @@ func (s *Store) commit(reqs []*request) {
 // of them are committed again without the checkpoint, so that deletes can
 // still make room; the others fail with ErrFull.
 func (s *Store) commitGroup(reqs []*request, withCheckpoint bool) {
+	s.awaitCheckpoint()
 	start := time.Now()
 	var b *batch
 	tx, err := s.db.Begin(true)
@@ -88,6 +89,10 @@ func (s *Store) commitGroup(reqs []*request, withCheckpoint bool) {
 	} else {
 		s.applyCommitted(b)
 		info.Messages, info.Deletes = b.puts-b.journaled, b.deletes
+		if b.journalGen != 0 {
+			s.jr.restart(b.journalGen)
+			s.journalFailed, s.checkpointFull = false, false
+		}
 	}
 	s.recordCommit(info, false, err == nil && b.journalGen != 0)
 	for _, r := range reqs {
@@ -136,10 +141,6 @@ func commitError(err error) error {
 // applyCommitted makes a committed batch visible in memory: registry,
 // counters, slot counts and the far minimum.
 func (s *Store) applyCommitted(b *batch) {
-	if b.journalGen != 0 {
-		s.jr.restart(b.journalGen)
-		s.journalFailed, s.checkpointFull = false, false
-	}
 	s.incCounter = b.incCounter
 	s.persistedSeq = b.nextSeq
 	for idx, c := range b.sc {
@@ -151,8 +152,11 @@ func (s *Store) applyCommitted(b *batch) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if b.journalGen != 0 {
-		s.ov.reset() // now in bbolt, in the same critical section as the counts
+	if b.journalGen != 0 { // now in bbolt: gone from the overlays in the same critical section as the counts
+		s.ov.frozen.reset()
+		if !b.frozenOnly {
+			s.ov.active.reset()
+		}
 	}
 	for k, d := range b.ex {
 		if d == nil {

@@ -17,7 +17,7 @@ const countsScanBudget = 1 << 20
 func (s *Store) Pending() int64 {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.live + s.ov.live
+	return s.live + s.ov.live()
 }
 
 // Count is the number of pending messages of one exchange, in O(1).
@@ -28,7 +28,7 @@ func (s *Store) Count(vhost, exchange string) int64 {
 	if !ok {
 		return 0
 	}
-	return s.counts[d.Incarnation] + s.ov.counts[d.Incarnation]
+	return s.counts[d.Incarnation] + s.ov.count(d.Incarnation)
 }
 
 // Counts lists the pending count of every registered exchange, sorted by
@@ -42,7 +42,7 @@ func (s *Store) Counts() []store.ExchangeCount {
 	s.mu.RLock()
 	out := make([]store.ExchangeCount, 0, len(s.exchanges))
 	for _, d := range s.exchanges {
-		out = append(out, store.ExchangeCount{VHost: d.VHost, Exchange: d.Name, Pending: s.counts[d.Incarnation] + s.ov.counts[d.Incarnation]})
+		out = append(out, store.ExchangeCount{VHost: d.VHost, Exchange: d.Name, Pending: s.counts[d.Incarnation] + s.ov.count(d.Incarnation)})
 	}
 	incs := make(map[uint64]exKey, len(s.liveInc))
 	for inc, k := range s.liveInc {

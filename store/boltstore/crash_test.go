@@ -99,9 +99,10 @@ func TestCrashKeepsConfirmedPuts(t *testing.T) {
 			}
 			confirmed[id] = store.Key(b)
 		}
-		// Read a few hundred confirmations (a little while), then kill
+		// Read a few thousand confirmations (a little while), then kill
 		// the child in the middle of its stream.
-		want := len(confirmed) + 300 + rand.IntN(300)
+		// Past checkpointAt, so that background checkpoints run too.
+		want := len(confirmed) + 3000 + rand.IntN(3000)
 		deadline := time.Now().Add(20 * time.Second)
 		for len(confirmed) < want && time.Now().Before(deadline) && sc.Scan() {
 			read(sc.Text())

@@ -19,8 +19,8 @@
 //   - Keys come out in release order (invariant 4) although every bucket
 //     is appended to in publish order: readers sort one slot at a time.
 //   - Memory holds no message beyond the one slot being read and the
-//     journaled ones (invariant 5): at most 16,384 messages and 32 MiB,
-//     whatever the pending count. What grows is the tally, one 480-byte
+//     journaled ones (invariant 5): two generations of at most 16,384
+//     messages and 8 MiB each, whatever the pending count. What grows is the tally, one 480-byte
 //     row per hour of due times that holds a message, not per message.
 //   - Open reads metadata, the registry, the counters, the tally and the
 //     journal, never bbolt's messages (invariant 6), except once, when it
@@ -30,7 +30,9 @@
 //   - A slot loses messages only whole: a released mark is only made for a
 //     message of its slot, and a slot is dropped only when every message in
 //     it is marked.
-//   - One writer goroutine owns every write transaction.
+//   - One writer goroutine owns every write transaction, but for a
+//     background checkpoint's, during which it lends the checkpoint its
+//     state and only appends to the journal.
 //
 // # Layout
 //
@@ -59,15 +61,18 @@
 //
 // A group of Puts alone is committed to the journal (journal.go): one
 // record, one fdatasync, against bbolt's two fdatasyncs and some twenty
-// pages at random places. Its messages then join the overlay
+// pages at random places. Its messages then join the overlays
 // (overlay.go), through which Get, the counts, NextDue and Upcoming see
-// them. Any other write, Check, Close, a read that walks bbolt (ScanKeys,
-// List, Counts' due times), 16,384 journaled messages or a full journal
-// file make the next commit a checkpoint, which writes them into bbolt.
-// When bbolt has no room for them (ErrFull) they stay journaled: only the
-// requests that touch none of them are committed, so that deletes can
-// still make room, and the journal takes nothing more until a checkpoint
-// succeeds.
+// them. Once a generation holds 12,288 messages, the writer freezes it and
+// a goroutine of its own writes it into bbolt (checkpoint.go) while the
+// journal takes the next generation; until that checkpoint ends, the
+// writer does nothing but append, since the checkpoint uses its state.
+// Any other write, Check, Close and a read that walks bbolt (ScanKeys,
+// List, Counts' due times) wait for it and checkpoint what is left in the
+// same goroutine, with their own commit. When bbolt has no room for the
+// journaled messages (ErrFull) they stay journaled: only the requests that
+// touch none of them are committed, so that deletes can still make room,
+// and the journal takes nothing more until a checkpoint succeeds.
 //
 // # bbolt settings
 //

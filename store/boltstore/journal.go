@@ -12,11 +12,14 @@ import (
 	"github.com/delayproxy/delayproxy/store"
 )
 
-// The journal is a preallocated file beside the bbolt file (path
-// "-journal"). A group commit of Puts alone is made durable by one record
-// appended to it and one fdatasync, instead of a bbolt commit (two
-// fdatasyncs and some twenty pages at random places); a checkpoint later
-// writes the journaled messages into bbolt in one transaction. A record:
+// The journal is two preallocated files beside the bbolt file (path
+// "-journal0" and "-journal1"). A group commit of Puts alone is made
+// durable by one record appended to one of them and one fdatasync, instead
+// of a bbolt commit (two fdatasyncs and some twenty pages at random
+// places); a checkpoint later writes the journaled messages into bbolt in
+// one transaction. Generation g is appended to file g%2 from its start,
+// so that a checkpoint can write one generation into bbolt while the next
+// is appended to the other file. A record:
 //
 //	 0        4        8                16
 //	+--------+--------+----------------+--------------------------+
@@ -31,19 +34,19 @@ import (
 // The checksum (Castagnoli) covers the store's journal id (8 B BE, random,
 // kept in meta), the generation and the payload, so that a record of
 // another store or a torn record never passes. Every checkpoint commits,
-// in its bbolt transaction, the generation the next records take
-// (metaJournal): records of an older generation are in bbolt already.
-// After a checkpoint the file is written again from the start; the first
-// record whose checksum fails, or whose generation differs from the
-// first record's, ends the journal.
+// in its bbolt transaction, the first generation it did not write
+// (metaJournal): records of an older generation are in bbolt already. In
+// each file the first record whose checksum fails, or whose generation
+// differs from the file's first record's, ends what the file holds; Open
+// replays the files' generations not yet in bbolt, older first.
 const (
 	journalHeader = 16
-	// journalSize is the journal file's preallocated size: a commit that
-	// would not fit, with what is journaled already, checkpoints instead.
+	// journalSize is each journal file's preallocated size: a generation
+	// that would outgrow it is checkpointed first.
 	journalSize = 8 << 20
-	// journalMaxMessages is the most messages journaled before a
-	// checkpoint: it bounds the overlay's memory, the checkpoint's
-	// transaction and the replay at Open.
+	// journalMaxMessages is the most messages a generation takes: it
+	// bounds the overlays' memory, a checkpoint's transaction and the
+	// replay at Open.
 	journalMaxMessages = 16384
 	// minItemBytes is the least payload a message takes in a record: it
 	// bounds a record's count before anything is allocated for it.
@@ -59,13 +62,14 @@ func newJournalID() uint64 { return rand.Uint64() }
 // errJournalRecord: a record that does not decode; it ends the journal.
 var errJournalRecord = errors.New("store: journal record does not decode")
 
-// journal appends records to the journal file. Only the writer goroutine
-// uses it.
+// journal appends records to the journal's two files: generation g to
+// file g%2, from its start, so that a checkpoint can write one generation
+// into bbolt while the next is appended. Only the writer goroutine uses it.
 type journal struct {
-	f *os.File
-	// size is the file's allocated size: journalSize, or 0 when the disk
-	// had no room for it (then every commit goes to bbolt; the journal is
-	// still read and checkpointed at Open).
+	files [2]*os.File
+	// size is each file's allocated size: journalSize, or 0 when the disk
+	// had no room for them (then every commit goes to bbolt; the journal
+	// is still read and checkpointed at Open).
 	size int64
 	id   uint64 // the store's journal id (meta)
 	gen  uint64 // generation of the records appended now
@@ -75,21 +79,29 @@ type journal struct {
 	sync bool
 }
 
-// openJournal opens (or creates) the journal file and makes sure it is
-// allocated to its full size, so that an append's fdatasync writes data
-// only, never the file's size. A disk without room for it gives a journal
-// that takes nothing (size 0).
+// journalPath is the path of journal file i (0 or 1) of the store at
+// path.
+func journalPath(path string, i int) string { return fmt.Sprintf("%s-journal%d", path, i) }
+
+// openJournal opens (or creates) the journal files of the store at path
+// and makes sure they are allocated to their full size, so that an
+// append's fdatasync writes data only, never a file's size. A disk without
+// room for them gives a journal that takes nothing (size 0).
 func openJournal(path string, id, gen uint64, sync bool) (*journal, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	j := &journal{f: f, size: journalSize, id: id, gen: gen, sync: sync}
-	if err := preallocate(f, journalSize); errors.Is(err, syscall.ENOSPC) {
-		j.size = 0
-	} else if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("store: allocate journal %s: %w", path, err)
+	j := &journal{size: journalSize, id: id, gen: gen, sync: sync}
+	for i := range j.files {
+		p := journalPath(path, i)
+		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+		if err == nil {
+			j.files[i] = f
+			err = preallocate(f, journalSize)
+		}
+		if errors.Is(err, syscall.ENOSPC) {
+			j.size = 0
+		} else if err != nil {
+			j.close()
+			return nil, fmt.Errorf("store: allocate journal %s: %w", p, err)
+		}
 	}
 	return j, nil
 }
@@ -131,11 +143,12 @@ func (j *journal) append(reqs []*request, count int) error {
 	binary.LittleEndian.PutUint64(b[8:], j.gen)
 	binary.LittleEndian.PutUint32(b[4:], recordChecksum(j.id, b[8:]))
 	j.buf = b
-	if _, err := j.f.WriteAt(b, j.off); err != nil {
+	f := j.files[j.gen%2]
+	if _, err := f.WriteAt(b, j.off); err != nil {
 		return err
 	}
 	if j.sync {
-		if err := datasync(j.f); err != nil {
+		if err := datasync(f); err != nil {
 			return err
 		}
 	}
@@ -143,13 +156,21 @@ func (j *journal) append(reqs []*request, count int) error {
 	return nil
 }
 
-// restart begins generation gen at the start of the file, once a
-// checkpoint has committed every record before it.
+// restart begins generation gen at the start of its file, whose last
+// generation (gen-2) a checkpoint has committed.
 func (j *journal) restart(gen uint64) {
 	j.gen, j.off = gen, 0
 }
 
-func (j *journal) close() error { return j.f.Close() }
+func (j *journal) close() error {
+	var err error
+	for _, f := range j.files {
+		if f != nil {
+			err = errors.Join(err, f.Close())
+		}
+	}
+	return err
+}
 
 // recordChecksum is the checksum of a record: the journal id, then the
 // generation and payload (rest, from offset 8 of the record).

@@ -26,8 +26,18 @@ func (s *Store) journalCommit(group []*request) bool {
 		count += len(r.puts)
 		size += recordBytes(r.puts)
 	}
-	if len(s.ov.items)+count > s.journalMax || !s.jr.fits(size) {
-		return false
+	if len(s.ov.active.items)+count > s.journalMax || !s.jr.fits(size) {
+		// The active generation is full: checkpoint it in the background
+		// once the running checkpoint has ended (that wait is the
+		// backpressure), and journal this group in the next generation.
+		s.awaitCheckpoint()
+		if s.checkpointFull || len(s.ov.frozen.items) > 0 || len(s.ov.active.items) == 0 {
+			return false
+		}
+		s.startCheckpoint()
+		if count > s.journalMax || !s.jr.fits(size) {
+			return false
+		}
 	}
 	start := time.Now()
 	live := make([]*request, 0, len(group))
@@ -55,9 +65,10 @@ func (s *Store) journalCommit(group []*request) bool {
 	} else {
 		s.mu.Lock()
 		for _, r := range live {
-			s.ov.add(r.puts, s.isLive)
+			s.ov.active.add(r.puts, s.isLive)
 		}
 		s.mu.Unlock()
+		s.maybeCheckpoint()
 	}
 	s.recordCommit(info, err == nil, false)
 	for _, r := range group {

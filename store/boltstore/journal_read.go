@@ -9,27 +9,42 @@ import (
 	"github.com/delayproxy/delayproxy/store"
 )
 
-// readJournal reads the records of the journal file at path that are not
-// in bbolt yet (generation gen or later), in order. A missing file holds
+// readJournal reads the journaled messages of the store at path that are
+// not in bbolt yet (generation gen or later), in generation order, and
+// returns the last generation read (0 when none). A missing file holds
 // none.
-func readJournal(path string, id, gen uint64) (recordGen uint64, items []putItem, err error) {
+func readJournal(path string, id, gen uint64) (last uint64, items []putItem, err error) {
+	var gens [2]uint64
+	var got [2][]putItem
+	for i := range got {
+		data, err := readJournalFile(journalPath(path, i))
+		if err != nil {
+			return 0, nil, err
+		}
+		gens[i], got[i] = decodeJournal(data, id)
+	}
+	if gens[1] < gens[0] {
+		gens[0], gens[1], got[0], got[1] = gens[1], gens[0], got[1], got[0]
+	}
+	for i := range got {
+		if gens[i] >= gen && len(got[i]) > 0 {
+			last, items = gens[i], append(items, got[i]...)
+		}
+	}
+	return last, items, nil
+}
+
+// readJournalFile reads one journal file (nil when it does not exist).
+func readJournalFile(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil, nil
+		return nil, nil
 	}
 	if err != nil {
-		return 0, nil, err
+		return nil, err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, journalSize))
-	if err != nil {
-		return 0, nil, err
-	}
-	recordGen, items = decodeJournal(data, id)
-	if recordGen < gen {
-		return 0, nil, nil
-	}
-	return recordGen, items, nil
+	return io.ReadAll(io.LimitReader(f, journalSize))
 }
 
 // decodeJournal decodes the records at the start of data written by the

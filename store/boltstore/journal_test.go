@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"sync"
 	"testing"
 
 	"github.com/delayproxy/delayproxy/store"
@@ -24,8 +25,8 @@ func journalItems(n int, seq uint64) []putItem {
 	return items
 }
 
-// writeJournal appends one record per batch of items to a new journal at
-// path, in generation gen.
+// writeJournal appends one record per batch of items to a new journal of
+// the store at path, in generation gen.
 func writeJournal(t *testing.T, path string, id, gen uint64, batches ...[]putItem) *journal {
 	t.Helper()
 	j, err := openJournal(path, id, gen, false)
@@ -53,16 +54,19 @@ func TestJournalReplaysItsGenerationUpToTheFirstBadRecord(t *testing.T) {
 		{name: "another store's journal", id: 2, gen: 5},
 		{name: "checkpointed already", id: 1, gen: 6},
 		{name: "torn last record", id: 1, gen: 5, want: concat(a, b), mangle: func(t *testing.T, path string, j *journal) {
-			flipByte(t, path, j.off-3)
+			flipByte(t, journalPath(path, 1), j.off-3)
 		}},
 		{name: "torn middle record", id: 1, gen: 5, want: a, mangle: func(t *testing.T, path string, j *journal) {
-			flipByte(t, path, recordLen(t, path)+journalHeader)
+			flipByte(t, journalPath(path, 1), recordLen(t, journalPath(path, 1))+journalHeader)
 		}},
-		{name: "next generation written over the start", id: 1, gen: 6, want: b, mangle: func(t *testing.T, path string, j *journal) {
-			j.restart(6)
-			if err := j.append([]*request{{kind: opPut, puts: b}}, len(b)); err != nil {
-				t.Fatal(err)
-			}
+		{name: "the next generation in the other file", id: 1, gen: 5, want: concat(a, b, c, b), mangle: func(t *testing.T, path string, j *journal) {
+			appendGen(t, j, 6, b)
+		}},
+		{name: "the next generation, the one before checkpointed", id: 1, gen: 6, want: b, mangle: func(t *testing.T, path string, j *journal) {
+			appendGen(t, j, 6, b)
+		}},
+		{name: "a generation written over the start of its file", id: 1, gen: 7, want: b, mangle: func(t *testing.T, path string, j *journal) {
+			appendGen(t, j, 7, b)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,6 +83,16 @@ func TestJournalReplaysItsGenerationUpToTheFirstBadRecord(t *testing.T) {
 				t.Fatalf("replayed %d messages, want %d", len(got), len(tc.want))
 			}
 		})
+	}
+}
+
+// appendGen appends one record of items in generation gen, from the start
+// of its file.
+func appendGen(t *testing.T, j *journal, gen uint64, items []putItem) {
+	t.Helper()
+	j.restart(gen)
+	if err := j.append([]*request{{kind: opPut, puts: items}}, len(items)); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -141,7 +155,9 @@ func TestJournaledPutsSurviveWithoutACheckpoint(t *testing.T) {
 	// as they are now, as a crash leaves them.
 	crashed := filepath.Join(t.TempDir(), "crashed.db")
 	copyFile(t, h.path, crashed)
-	copyFile(t, journalPath(h.path), journalPath(crashed))
+	for i := range 2 {
+		copyFile(t, journalPath(h.path, i), journalPath(crashed, i))
+	}
 
 	s, err := Open(crashed, Options{})
 	if err != nil {
@@ -178,8 +194,7 @@ func copyFile(t *testing.T, from, to string) {
 }
 
 func FuzzDecodeJournal(f *testing.F) {
-	dir := f.TempDir()
-	j, err := openJournal(filepath.Join(dir, "j"), 1, 3, false)
+	j, err := openJournal(filepath.Join(f.TempDir(), "s"), 1, 3, false)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -203,4 +218,64 @@ func FuzzDecodeJournal(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestReadsSeeEveryMessageWhileCheckpointsRun puts messages from many
+// goroutines, enough for several background checkpoints, while a reader
+// Gets every message confirmed so far and watches Pending: a message is
+// never missing, in neither the journal nor bbolt, and Pending never goes
+// back.
+func TestReadsSeeEveryMessageWhileCheckpointsRun(t *testing.T) {
+	h := newHarness(t, Options{NoSync: true})
+	x := h.exchange("/", "x")
+	const writers, each = 32, 1200 // 38,400 messages: three generations' checkpoints or more
+	confirmed := make(chan store.Key, writers*each)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				m := msg("x", base+int64((w*each+i)%86_400_000), 0, "b")
+				m.Incarnation = x.Incarnation
+				h.put(m)
+				confirmed <- m.Key
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	var seen []store.Key
+	var last int64
+	for reading := true; reading; {
+		select {
+		case <-done:
+			reading = false
+		default:
+		}
+	drain:
+		for {
+			select {
+			case k := <-confirmed:
+				seen = append(seen, k)
+			default:
+				break drain
+			}
+		}
+		got, err := h.s.Get(seen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, m := range got {
+			if m == nil {
+				t.Fatalf("confirmed message %x missing (%d confirmed so far)", seen[i][:], len(seen))
+			}
+		}
+		if p := h.s.Pending(); p < last || p < int64(len(seen)) {
+			t.Fatalf("Pending %d after %d, with %d confirmed", p, last, len(seen))
+		} else {
+			last = p
+		}
+	}
+	if st := h.s.Stats(); st.Checkpoints < 2 || h.s.Pending() != writers*each {
+		t.Fatalf("Pending %d, Stats %+v: want %d and background checkpoints", h.s.Pending(), st, writers*each)
+	}
 }

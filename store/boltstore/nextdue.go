@@ -18,7 +18,7 @@ import (
 // store is closed.
 func (s *Store) NextDue() (int64, bool) {
 	s.mu.RLock()
-	journaled := s.ov.minDue // read first: a checkpoint moves messages into bbolt, never out
+	journaled := s.ov.minDue() // read first: a checkpoint moves messages into bbolt, never out
 	s.mu.RUnlock()
 	due, ok := s.storedNextDue()
 	if journaled != math.MaxInt64 && (!ok || journaled < due) {

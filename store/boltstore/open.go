@@ -80,7 +80,7 @@ func Open(path string, opts Options) (*Store, error) {
 		liveInc:    make(map[uint64]exKey),
 		counts:     make(map[uint64]int64),
 		tally:      make(map[int64]*tallyRow),
-		ov:         newOverlay(),
+		ov:         newOverlays(),
 
 		slotCounts: make(map[int64]slotCount),
 	}
@@ -103,9 +103,6 @@ func Open(path string, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// journalPath is where the journal of the store at path lives.
-func journalPath(path string) string { return path + "-journal" }
-
 // openJournal opens the journal and replays what it holds beyond bbolt:
 // the messages of Puts that returned nil before a crash or a failed
 // checkpoint. They are checkpointed into bbolt before Open returns.
@@ -121,23 +118,22 @@ func (s *Store) openJournal() error {
 	}); err != nil {
 		return err
 	}
-	path := journalPath(s.path)
-	recordGen, items, err := readJournal(path, id, gen)
+	recordGen, items, err := readJournal(s.path, id, gen)
 	if err != nil {
 		return fmt.Errorf("read journal: %w", err)
 	}
-	if s.jr, err = openJournal(path, id, gen, !s.opts.NoSync); err != nil {
+	if s.jr, err = openJournal(s.path, id, gen, !s.opts.NoSync); err != nil {
 		return err
 	}
 	if s.jr.size == 0 {
 		s.opts.Logger.Warn("store: no room on the disk for the journal: every Put commits to bbolt directly until the next start",
-			"journal", path, "needs", journalSize)
+			"journal", journalPath(s.path, 0), "needs", 2*journalSize)
 	}
 	if len(items) == 0 {
 		return nil
 	}
 	s.jr.gen = recordGen
-	s.ov.add(items, s.isLive)
+	s.ov.active.add(items, s.isLive)
 	next := s.persistedSeq
 	for i := range items {
 		next = max(next, items[i].key.Seq()+1)

@@ -57,8 +57,8 @@ type Options struct {
 }
 
 // Metrics is what the store reports to. Commit is called by the writer
-// goroutine after every commit: it must return quickly and must not call
-// the Store.
+// goroutine or its background checkpoint after every commit: it must
+// return quickly and must not call the Store.
 type Metrics interface {
 	Commit(store.CommitInfo)
 }

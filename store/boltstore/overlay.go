@@ -1,6 +1,7 @@
 package boltstore
 
 import (
+	"iter"
 	"math"
 
 	"github.com/delayproxy/delayproxy/store"
@@ -58,4 +59,50 @@ func (o *overlay) reset() {
 	clear(o.byKey)
 	clear(o.counts)
 	o.live, o.stale, o.minDue = 0, 0, math.MaxInt64
+}
+
+// overlays are the journaled messages in two layers: frozen, the
+// generation a checkpoint is writing into bbolt in the background, and
+// active, the generation the journal appends to. Readers see both.
+type overlays struct{ frozen, active overlay }
+
+func newOverlays() overlays { return overlays{newOverlay(), newOverlay()} }
+
+// len is the number of journaled messages.
+func (o *overlays) len() int { return len(o.frozen.items) + len(o.active.items) }
+
+// get returns the encoded message of k, nil when k is not journaled.
+func (o *overlays) get(k store.Key) []byte {
+	if v := o.active.get(k); v != nil {
+		return v
+	}
+	return o.frozen.get(k)
+}
+
+// live and stale count the journaled messages of live and other
+// incarnations; count those of one incarnation.
+func (o *overlays) live() int64            { return o.frozen.live + o.active.live }
+func (o *overlays) stale() int64           { return o.frozen.stale + o.active.stale }
+func (o *overlays) count(inc uint64) int64 { return o.frozen.counts[inc] + o.active.counts[inc] }
+
+// minDue is the earliest due of a journaled message (math.MaxInt64: none).
+func (o *overlays) minDue() int64 { return min(o.frozen.minDue, o.active.minDue) }
+
+// items are the journaled messages, frozen ones first (journal order).
+func (o *overlays) items() iter.Seq[*putItem] {
+	return func(yield func(*putItem) bool) {
+		for _, l := range []*overlay{&o.frozen, &o.active} {
+			for i := range l.items {
+				if !yield(&l.items[i]) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// freeze makes the active layer the frozen one, for a checkpoint in the
+// background; the frozen layer must be empty. Callers hold Store.mu.
+func (o *overlays) freeze() {
+	o.frozen, o.active = o.active, o.frozen
 }

@@ -55,7 +55,7 @@ func (s *Store) Get(keys []store.Key) ([]*store.Message, error) {
 // that a read of bbolt after it sees every Put that returned before it.
 func (s *Store) settle() error {
 	s.mu.RLock()
-	n := len(s.ov.items)
+	n := s.ov.len()
 	s.mu.RUnlock()
 	if n == 0 {
 		return nil

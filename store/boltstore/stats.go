@@ -26,7 +26,7 @@ func (s *Store) Stats() Stats {
 	st := s.stats
 	s.statsMu.Unlock()
 	s.mu.RLock()
-	st.Stale = s.stale + s.ov.stale
+	st.Stale = s.stale + s.ov.stale()
 	s.mu.RUnlock()
 	bs := s.db.Stats()
 	st.PageWrites = uint64(bs.TxStats.GetWrite())

@@ -59,7 +59,7 @@ type Store struct {
 	farMin    int64            // earliest due in far buckets (math.MaxInt64: none), when farMinOK
 	farMinOK  bool
 	tally     map[int64]*tallyRow // stored messages by due minute, a row per hour (see tally.go)
-	ov        overlay             // journaled messages not yet in bbolt (overlay.go)
+	ov        overlays            // journaled messages not yet in bbolt (overlay.go)
 
 	// Writer-only state (no lock: touched by the writer goroutine alone).
 	incCounter   uint64       // last incarnation handed out
@@ -77,6 +77,9 @@ type Store struct {
 	// checkpointFull: the last checkpoint failed for want of room in
 	// bbolt, so the journal takes nothing more until one succeeds.
 	checkpointFull bool
+	// ckDone is the background checkpoint's outcome, nil when none runs
+	// (checkpoint.go).
+	ckDone chan error
 
 	fileVersion uint64 // Open: the file's schema version before any upgrade (set by load)
 

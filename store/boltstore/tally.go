@@ -44,8 +44,8 @@ func (s *Store) Upcoming(bounds []int64) []int64 {
 			out[sort.Search(len(bounds), func(i int) bool { return bounds[i] > due })] += n
 		}
 	}
-	for i := range s.ov.items {
-		due := s.ov.items[i].key.Due() / tallyMinute * tallyMinute
+	for p := range s.ov.items() {
+		due := p.key.Due() / tallyMinute * tallyMinute
 		out[sort.Search(len(bounds), func(i int) bool { return bounds[i] > due })]++
 	}
 	return out

@@ -104,7 +104,11 @@ func (s *Store) run() {
 				reqs = nil
 			}
 		case res := <-scanDone:
+			s.awaitCheckpoint()
 			cascadeErr = s.moveCascade(res)
+		case err := <-s.ckDone:
+			s.checkpointEnded(err)
+			s.maybeCheckpoint()
 		}
 		// Take everything that queued up during the previous commit. When
 		// the queue runs dry, yield the processor so that callers just
@@ -133,6 +137,9 @@ func (s *Store) run() {
 		}
 		if len(batch) > 0 && !s.journalCommit(batch) {
 			s.commit(batch)
+		}
+		if len(between) > 0 || len(cascades) > 0 {
+			s.awaitCheckpoint() // they read or write what the checkpoint uses
 		}
 		for _, r := range between {
 			switch r.kind {
