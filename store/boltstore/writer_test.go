@@ -137,3 +137,61 @@ func TestDiskFull(t *testing.T) {
 	h.put(msg("x", base, 0, "after"))
 	t.Logf("%d stored, %d refused with ErrFull", ok, full)
 }
+
+// TestDeletesMakeRoomWhileJournaledMessagesCannotGoIn fills bbolt until a
+// journaled message no longer fits in it: the message stays journaled and
+// readable, a Delete of messages in bbolt still commits (without the
+// checkpoint that failed in the same commit), and once Deletes made room
+// the checkpoint goes through.
+func TestDeletesMakeRoomWhileJournaledMessagesCannotGoIn(t *testing.T) {
+	h := newHarness(t, Options{MaxSize: 1 << 20, InitialMmapSize: 1 << 20})
+	x := h.exchange("/", "x")
+	ctx := context.Background()
+	body := strings.Repeat("z", 8<<10)
+	var inBolt []store.Key
+	var stuck store.Key
+	for i := 0; ; i++ {
+		if i == 1000 {
+			t.Fatal("1,000 messages of 8 KiB went into a 1 MiB file")
+		}
+		m := msg("x", base+int64(i)*60_000, 0, body)
+		m.Incarnation = x.Incarnation
+		h.put(m) // journaled
+		err := h.s.settle()
+		if errors.Is(err, store.ErrFull) {
+			stuck = m.Key
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		inBolt = append(inBolt, m.Key)
+	}
+	if got := bodies(t, h.s, []store.Key{stuck}); got[0] != body {
+		t.Fatal("the journaled message that does not fit in bbolt cannot be read")
+	}
+	if n := h.s.Pending(); n != int64(len(inBolt)+1) {
+		t.Fatalf("Pending %d, want %d", n, len(inBolt)+1)
+	}
+	failed := h.s.Stats().FailedCommits
+	half := inBolt[:len(inBolt)/2]
+	if err := h.s.Delete(ctx, half...); err != nil {
+		t.Fatalf("Delete of %d messages in bbolt while the journal cannot go in: %v", len(half), err)
+	}
+	if h.s.Stats().FailedCommits == failed {
+		t.Fatal("the Delete's commit took the journaled message too: nothing was full")
+	}
+	if got, err := h.s.Get(half); err != nil || got[0] != nil || got[len(got)-1] != nil {
+		t.Fatalf("deleted messages still there (%v)", err)
+	}
+	if err := h.s.settle(); err != nil {
+		t.Fatalf("checkpoint after Deletes made room: %v", err)
+	}
+	if n := h.s.Pending(); n != int64(len(inBolt)-len(half)+1) {
+		t.Fatalf("Pending %d, want %d", n, len(inBolt)-len(half)+1)
+	}
+	if got := bodies(t, h.s, []store.Key{stuck}); got[0] != body {
+		t.Fatal("the journaled message is lost after its checkpoint")
+	}
+	t.Logf("%d messages in bbolt when the next one did not fit", len(inBolt))
+}
