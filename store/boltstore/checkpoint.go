@@ -95,25 +95,15 @@ func (s *Store) checkpointEnded(err error) {
 // goroutine.
 func (s *Store) checkpointFrozen(next uint64) error {
 	start := time.Now()
-	var b *batch
-	tx, err := s.db.Begin(true)
-	if err == nil {
-		b = s.newBatch(tx)
+	b, err := s.transact(func(b *batch) error {
 		b.journaled, b.journalGen, b.frozenOnly = len(s.ov.frozen.items), next, true
 		for i := range s.ov.frozen.items {
-			if err = b.put(&s.ov.frozen.items[i]); err != nil {
-				break
+			if err := b.put(&s.ov.frozen.items[i]); err != nil {
+				return err
 			}
 		}
-		if err == nil {
-			err = b.finish()
-		}
-		if err == nil {
-			err = tx.Commit()
-		} else {
-			tx.Rollback()
-		}
-	}
+		return nil
+	})
 	info := store.CommitInfo{Duration: time.Since(start)}
 	if err != nil {
 		info.Err = commitError(err)

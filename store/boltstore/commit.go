@@ -29,32 +29,23 @@ func (s *Store) commit(reqs []*request) {
 func (s *Store) commitGroup(reqs []*request, withCheckpoint bool) {
 	s.awaitCheckpoint()
 	start := time.Now()
-	var b *batch
-	tx, err := s.db.Begin(true)
-	if err == nil {
-		b = s.newBatch(tx)
+	b, err := s.transact(func(b *batch) error {
 		if withCheckpoint {
-			err = b.checkpoint()
+			if err := b.checkpoint(); err != nil {
+				return err
+			}
 		}
 		for _, r := range reqs {
-			if err != nil {
-				break
-			}
 			if cerr := r.ctx.Err(); cerr != nil {
 				r.err = cerr // the caller has gone: leave its request out
 				continue
 			}
-			err = b.apply(r)
+			if err := b.apply(r); err != nil {
+				return err
+			}
 		}
-		if err == nil {
-			err = b.finish()
-		}
-		if err == nil {
-			err = tx.Commit()
-		} else {
-			tx.Rollback()
-		}
-	}
+		return nil
+	})
 	dur := time.Since(start)
 	if err != nil && b != nil && b.journalGen != 0 && errors.Is(commitError(err), store.ErrFull) {
 		s.checkpointFull = true
@@ -125,6 +116,26 @@ func (s *Store) recordCommit(info store.CommitInfo, journaled, checkpoint bool) 
 	if s.opts.Metrics != nil {
 		s.opts.Metrics.Commit(info)
 	}
+}
+
+// transact fills a batch in a new write transaction, finishes it and
+// commits; on any error it rolls back. b is nil when the transaction could
+// not begin.
+func (s *Store) transact(fill func(*batch) error) (b *batch, err error) {
+	tx, err := s.db.Begin(true)
+	if err != nil {
+		return nil, err
+	}
+	b = s.newBatch(tx)
+	if err = fill(b); err == nil {
+		err = b.finish()
+	}
+	if err == nil {
+		err = tx.Commit()
+	} else {
+		tx.Rollback()
+	}
+	return b, err
 }
 
 // commitError classifies a failed transaction.
