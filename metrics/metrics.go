@@ -366,6 +366,10 @@ var (
 		"Passes that sorted far buckets into time slots.", nil, nil)
 	descCascaded = prometheus.NewDesc(namespace+"_store_cascaded_messages_total",
 		"Messages moved from far buckets into time slots.", nil, nil)
+	descJournalCommits = prometheus.NewDesc(namespace+"_store_journal_commits_total",
+		"Store group commits made durable by one append to the journal (the others are bbolt commits).", nil, nil)
+	descCheckpoints = prometheus.NewDesc(namespace+"_store_checkpoints_total",
+		"bbolt commits that took the journaled messages.", nil, nil)
 	descFileBytes = prometheus.NewDesc(namespace+"_store_file_bytes",
 		"Size of the store file; bbolt files never shrink.", nil, nil)
 )
@@ -379,7 +383,7 @@ type storeCollector struct {
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descPending, descNextDue, descStale, descCommits, descFailedCommits, descCommitSeconds,
-		descWritten, descDeleted, descCascades, descCascaded, descFileBytes,
+		descWritten, descDeleted, descCascades, descCascaded, descJournalCommits, descCheckpoints, descFileBytes,
 	} {
 		ch <- d
 	}
@@ -402,6 +406,8 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descDeleted, prometheus.CounterValue, float64(st.Deletes))
 	ch <- prometheus.MustNewConstMetric(descCascades, prometheus.CounterValue, float64(st.Cascades))
 	ch <- prometheus.MustNewConstMetric(descCascaded, prometheus.CounterValue, float64(st.CascadedMessages))
+	ch <- prometheus.MustNewConstMetric(descJournalCommits, prometheus.CounterValue, float64(st.JournalCommits))
+	ch <- prometheus.MustNewConstMetric(descCheckpoints, prometheus.CounterValue, float64(st.Checkpoints))
 	if c.path != "" {
 		if fi, err := os.Stat(c.path); err == nil {
 			ch <- prometheus.MustNewConstMetric(descFileBytes, prometheus.GaugeValue, float64(fi.Size()))

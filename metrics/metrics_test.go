@@ -276,9 +276,11 @@ delayproxy_pending_messages{exchange="idle",vhost="/"} 0
 		t.Error(err)
 	}
 	for name, want := range map[string]int{
-		"delayproxy_next_due_timestamp_seconds": 0, // absent while nothing is stored
-		"delayproxy_store_file_bytes":           0, // no path given
-		"delayproxy_store_commits_total":        1,
+		"delayproxy_next_due_timestamp_seconds":  0, // absent while nothing is stored
+		"delayproxy_store_file_bytes":            0, // no path given
+		"delayproxy_store_commits_total":         1,
+		"delayproxy_store_journal_commits_total": 1,
+		"delayproxy_store_checkpoints_total":     1,
 	} {
 		if n, err := testutil.GatherAndCount(m.Registry(), name); err != nil || n != want {
 			t.Errorf("%s: %d series (%v), want %d", name, n, err, want)
