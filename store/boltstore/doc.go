@@ -1,9 +1,10 @@
 // Package boltstore is the embedded implementation of the store contract
 // (package store): delayed messages in one bbolt file laid out as a timing
 // wheel on disk, with the registry of delayed exchanges, a message-id index,
-// exact counters and a tally of due times, and a journal beside it (path
-// "-journal") that takes groups of Puts ahead of bbolt. Open, Options, Stats
-// and Check are its own; everything else is store.Store.
+// exact counters and a tally of due times, and a journal beside it (paths
+// "-journal0" and "-journal1") that takes groups of Puts ahead of bbolt.
+// Open, Options, Stats and Check are its own; everything else is
+// store.Store.
 //
 // # Invariants
 //
@@ -13,15 +14,18 @@
 //     record that was fdatasync'd, or in a bbolt commit that was; a failed
 //     append or commit fails every request in it (invariant 1).
 //   - A stored message is in the journal or in bbolt, and readers find it
-//     in either: every bbolt commit first writes the journaled messages
-//     (a checkpoint) and moves the journal to its next generation in the
-//     same transaction, and Open replays the journal before it returns.
+//     in either: a checkpoint writes journaled messages into bbolt and
+//     moves the journal past their generation in one transaction; every
+//     other bbolt write comes after the journaled messages it may touch
+//     (its commit checkpoints first); Open replays the journal before it
+//     returns.
 //   - Keys come out in release order (invariant 4) although every bucket
 //     is appended to in publish order: readers sort one slot at a time.
 //   - Memory holds no message beyond the one slot being read and the
 //     journaled ones (invariant 5): two generations of at most 16,384
-//     messages and 8 MiB each, whatever the pending count. What grows is the tally, one 480-byte
-//     row per hour of due times that holds a message, not per message.
+//     messages and 8 MiB each, whatever the pending count. What grows is
+//     the tally, one 480-byte row per hour of due times that holds a
+//     message, not per message.
 //   - Open reads metadata, the registry, the counters, the tally and the
 //     journal, never bbolt's messages (invariant 6), except once, when it
 //     upgrades an older schema.
