@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"iter"
 	"time"
 
 	"github.com/delayproxy/delayproxy/store"
@@ -20,7 +21,7 @@ const checkpointAt = journalMaxMessages * 3 / 4
 // and when it exits, and reads ask for it (opCheckpoint).
 func (s *Store) checkpoint() error {
 	s.awaitCheckpoint()
-	if s.jr == nil || (s.ov.len() == 0 && !s.journalFailed) {
+	if !s.journalPending() {
 		return nil
 	}
 	r := &request{kind: opCheckpoint, ctx: context.Background(), done: make(chan struct{})}
@@ -35,12 +36,23 @@ func (s *Store) checkpoint() error {
 // never be replayed).
 func (b *batch) checkpoint() error {
 	s := b.s
-	if s.jr == nil || (s.ov.len() == 0 && !s.journalFailed) {
+	if !s.journalPending() {
 		return nil
 	}
-	b.journaled = s.ov.len()
-	b.journalGen = s.jr.gen + 1
-	for p := range s.ov.items() {
+	return b.putJournaled(s.ov.items(), s.ov.len(), s.jr.gen+1)
+}
+
+// journalPending reports whether a checkpoint has work: journaled
+// messages, or a failed append whose generation must be left behind.
+func (s *Store) journalPending() bool {
+	return s.jr != nil && (s.ov.len() > 0 || s.journalFailed)
+}
+
+// putJournaled writes n journaled messages into the batch and makes next
+// the journal's next generation once the batch commits.
+func (b *batch) putJournaled(items iter.Seq[*putItem], n int, next uint64) error {
+	b.journaled, b.journalGen = n, next
+	for p := range items {
 		if err := b.put(p); err != nil {
 			return err
 		}
@@ -96,13 +108,8 @@ func (s *Store) checkpointEnded(err error) {
 func (s *Store) checkpointFrozen(next uint64) error {
 	start := time.Now()
 	b, err := s.transact(func(b *batch) error {
-		b.journaled, b.journalGen, b.frozenOnly = len(s.ov.frozen.items), next, true
-		for i := range s.ov.frozen.items {
-			if err := b.put(&s.ov.frozen.items[i]); err != nil {
-				return err
-			}
-		}
-		return nil
+		b.frozenOnly = true
+		return b.putJournaled(s.ov.frozen.all(), len(s.ov.frozen.items), next)
 	})
 	info := store.CommitInfo{Duration: time.Since(start)}
 	if err != nil {

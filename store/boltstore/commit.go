@@ -48,16 +48,17 @@ func (s *Store) commitGroup(reqs []*request, withCheckpoint bool) {
 	})
 	dur := time.Since(start)
 	if err != nil && b != nil && b.journalGen != 0 && errors.Is(commitError(err), store.ErrFull) {
+		err = commitError(err)
 		s.checkpointFull = true
 		var retry []*request
 		for _, r := range reqs {
 			if r.err == nil && s.independent(r) {
 				retry = append(retry, r)
 			} else if r.err == nil {
-				r.err = commitError(err)
+				r.err = err
 			}
 		}
-		s.recordCommit(store.CommitInfo{Requests: len(reqs) - len(retry), Duration: dur, Err: commitError(err)}, false, false)
+		s.recordCommit(store.CommitInfo{Requests: len(reqs) - len(retry), Duration: dur, Err: err}, false, false)
 		for _, r := range reqs {
 			if r.err != nil {
 				close(r.done)

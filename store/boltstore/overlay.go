@@ -44,6 +44,17 @@ func (o *overlay) add(items []putItem, live func(inc uint64) bool) {
 	}
 }
 
+// all are the layer's messages, in journal order.
+func (o *overlay) all() iter.Seq[*putItem] {
+	return func(yield func(*putItem) bool) {
+		for i := range o.items {
+			if !yield(&o.items[i]) {
+				return
+			}
+		}
+	}
+}
+
 // get returns the encoded message of k, nil when k is not here.
 func (o *overlay) get(k store.Key) []byte {
 	if i, ok := o.byKey[k]; ok {
@@ -91,11 +102,14 @@ func (o *overlays) minDue() int64 { return min(o.frozen.minDue, o.active.minDue)
 // items are the journaled messages, frozen ones first (journal order).
 func (o *overlays) items() iter.Seq[*putItem] {
 	return func(yield func(*putItem) bool) {
-		for _, l := range []*overlay{&o.frozen, &o.active} {
-			for i := range l.items {
-				if !yield(&l.items[i]) {
-					return
-				}
+		for p := range o.frozen.all() {
+			if !yield(p) {
+				return
+			}
+		}
+		for p := range o.active.all() {
+			if !yield(p) {
+				return
 			}
 		}
 	}

@@ -32,21 +32,22 @@ type tallyRow [tallyRowLen]int64
 // checkpoint.
 func (s *Store) Upcoming(bounds []int64) []int64 {
 	out := make([]int64, len(bounds)+1)
+	// count adds n messages due in the minute starting at due to its
+	// range: after every bound at or before it.
+	count := func(due, n int64) {
+		out[sort.Search(len(bounds), func(i int) bool { return bounds[i] > due })] += n
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for hour, row := range s.tally {
 		for m, n := range row {
-			if n == 0 {
-				continue
+			if n != 0 {
+				count(hour*tallyHour+int64(m)*tallyMinute, n)
 			}
-			due := hour*tallyHour + int64(m)*tallyMinute
-			// The range of due: after every bound at or before it.
-			out[sort.Search(len(bounds), func(i int) bool { return bounds[i] > due })] += n
 		}
 	}
 	for p := range s.ov.items() {
-		due := p.key.Due() / tallyMinute * tallyMinute
-		out[sort.Search(len(bounds), func(i int) bool { return bounds[i] > due })]++
+		count(p.key.Due()/tallyMinute*tallyMinute, 1)
 	}
 	return out
 }
