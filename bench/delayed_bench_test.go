@@ -19,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/delayproxy/delayproxy"
+	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testproxy"
 	"github.com/delayproxy/delayproxy/internal/teststore"
@@ -270,9 +271,10 @@ func publishRounds(b *testing.B, publishers, window int, sides []*publishSide) m
 // time to the release written to RabbitMQ's socket): the share within 5 ms
 // and the bucket bound of its p99. Target for the proxy: p99 <= 5 ms.
 //
-// x-delay is whole milliseconds and neither way may release early, so the
-// publisher rounds each delay up and the proxy rounds its due time up: the
-// proxy's stored due is on average 1 ms (at most 2 ms) after due(k).
+// x-delay is whole milliseconds and no way may release early. The
+// publisher asks the proxy for due(k) rounded up to the millisecond, the
+// instant paced-confirmed-ms publishes at (xDelayAt); ttl-dlx rounds each
+// TTL up.
 //
 // Four publishers on their own connections keep 16 messages in flight
 // each, in every mode: the cluster mode once published over 32 connections
@@ -465,12 +467,12 @@ func benchLateness(b *testing.B, mode int) {
 					m.Headers = amqp.Table{"x-opt-delivery-time": (due(k).UnixNano() + 999_999) / 1e6}
 					return m
 				}
-				// Rounded up, so that neither way may release before due(k).
-				ms := strconv.FormatInt(int64((time.Until(due(k))+time.Millisecond-1)/time.Millisecond), 10)
 				if viaProxy {
-					m.Headers = amqp.Table{"x-delay": ms}
+					m.Headers = amqp.Table{"x-delay": xDelayAt(due(k), time.Now())}
 				} else {
-					m.Expiration = ms
+					// Rounded up: RabbitMQ counts the TTL from when it
+					// took the message, truncated to the millisecond.
+					m.Expiration = strconv.FormatInt(int64((time.Until(due(k))+time.Millisecond-1)/time.Millisecond), 10)
 				}
 				return m
 			}
@@ -597,6 +599,17 @@ func proxyLateness(b *testing.B, httpURL string) (within5ms, p99ms float64) {
 		}
 	}
 	return within5ms, p99ms
+}
+
+// xDelayAt is the x-delay, in ms, that asks the proxy for due rounded up to
+// the millisecond (what latenessPacedConfirmedMs publishes at), for a
+// message published at now. The proxy's due time is the publish time it
+// reads, rounded up to the millisecond, plus x-delay (delayed.DueAt), so
+// the message is due at that millisecond when it reaches the proxy within
+// the millisecond now is in, one later when it reaches it in the next, and
+// never before due.
+func xDelayAt(due, now time.Time) int64 {
+	return delayed.DueAt(due, 0) - delayed.DueAt(now, 0)
 }
 
 // publishPaced publishes message k straight to queue at at(k), in order,
