@@ -89,9 +89,9 @@ type Config struct {
 	ReleaseWindow time.Duration
 	// ReleasesFirst holds back the storing of delayed publishes while
 	// releases are written more than this after their due time (package
-	// intake): an intake burst then slows, down to a window of
-	// intake.MinWindow messages in Puts at once, rather than make the
-	// releases late. 0 turns it off. At most MaxReleasesFirst.
+	// intake): an intake burst then slows, down to intake.MinWindow
+	// message in Puts at once, rather than make the releases late. 0 turns
+	// it off. At most MaxReleasesFirst.
 	ReleasesFirst time.Duration
 	// MaxDelay is the largest x-delay accepted; larger ones are refused
 	// with 406 PRECONDITION_FAILED. It bounds x-opt-delivery-delay, and how
@@ -128,7 +128,7 @@ func DefaultConfig() Config {
 		StoreSchema:         "delayproxy",
 		HTTPAddr:            "127.0.0.1:15673",
 		MaxDelay:            10 * year,
-		ReleasesFirst:       5 * time.Millisecond,
+		ReleasesFirst:       time.Millisecond,
 		DeliveryTimeHeaders: true,
 		ReleasedDelayType:   "int64",
 		MaxMessageSize:      DefaultMaxMessageSize,

@@ -89,13 +89,13 @@ func TestLoadConfigReleaseWindow(t *testing.T) {
 // is 5 ms by default, takes 0 (off) or a duration up to a minute, and
 // refuses anything else with one line naming the setting.
 func TestLoadConfigReleasesFirst(t *testing.T) {
-	if d := DefaultConfig().ReleasesFirst; d != 5*time.Millisecond {
-		t.Errorf("default releases-first = %v, want 5ms", d)
+	if d := DefaultConfig().ReleasesFirst; d != time.Millisecond {
+		t.Errorf("default releases-first = %v, want 1ms", d)
 	}
 	durationSetting{
 		get: func(c Config) time.Duration { return c.ReleasesFirst },
 		valid: []takenDuration{
-			{nil, nil, 5 * time.Millisecond},
+			{nil, nil, time.Millisecond},
 			{[]string{"--releases-first", "0"}, nil, 0},
 			{[]string{"--releases-first", "2500us"}, nil, 2500 * time.Microsecond},
 			{[]string{"--releases-first=1m"}, nil, time.Minute},

@@ -305,7 +305,7 @@ func BenchmarkRelease_Lateness10k(b *testing.B) {
 // floor of the same run. Target: p99 <= that floor's p99 + 2 ms.
 //
 // proxy runs with the default configuration, releases first on
-// (--releases-first 5ms); proxy-releases-first-off with it off, to show
+// (--releases-first 1ms); proxy-releases-first-off with it off, to show
 // what it changes in the same run. paced-confirmed-ms-under-intake is the
 // floor while the same publisher runs flat out into a proxy that releases
 // nothing (so its intake is never narrowed): what this machine and broker

@@ -78,7 +78,7 @@ func TestGateAcquireWaitsForRoom(t *testing.T) {
 	if n, _ := g.Acquire(context.Background(), 40); n != 40 {
 		t.Fatalf("granted %d of 40 on an open gate", n)
 	}
-	g.Observe(2 * target) // window 10, but MinWindow: 16, with 40 in Puts
+	g.Observe(2 * target) // window 10, with 40 in Puts
 	got := make(chan int)
 	go func() {
 		n, err := g.Acquire(context.Background(), 100)
@@ -93,7 +93,7 @@ func TestGateAcquireWaitsForRoom(t *testing.T) {
 		t.Fatalf("Acquire granted %d with the window full", n)
 	case <-time.After(50 * time.Millisecond):
 	}
-	g.Release(9) // 11 in Puts: room for 5
+	g.Release(15) // 5 in Puts: room for 5
 	if n := <-got; n != 5 {
 		t.Fatalf("granted %d, want the 5 the window had room for", n)
 	}
