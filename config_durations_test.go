@@ -86,7 +86,7 @@ func TestLoadConfigReleaseWindow(t *testing.T) {
 }
 
 // TestLoadConfigReleasesFirst: --releases-first (DELAYPROXY_RELEASES_FIRST)
-// is 5 ms by default, takes 0 (off) or a duration up to a minute, and
+// is 1 ms by default, takes 0 (off) or a duration up to a minute, and
 // refuses anything else with one line naming the setting.
 func TestLoadConfigReleasesFirst(t *testing.T) {
 	if d := DefaultConfig().ReleasesFirst; d != time.Millisecond {

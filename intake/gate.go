@@ -8,8 +8,7 @@ import (
 
 const (
 	// MinWindow is the least number of messages the window lets into Puts
-	// at once: one Put of one message, a journal append or two (a window
-	// of 16 still let 50k msgs/s in once Puts took 0.3 ms).
+	// at once.
 	MinWindow = 1
 	// MaxWindow is the open window: no storer waits for room before it.
 	MaxWindow = 1 << 20
