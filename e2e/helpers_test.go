@@ -393,7 +393,10 @@ func consume(t testing.TB, conn *amqp.Connection, queue string) *consumer {
 	go func() {
 		defer close(c.done)
 		for d := range deliveries {
-			at := time.Now()
+			// Round(0) keeps the wall-clock reading alone, so that At is
+			// compared with due times on the wall clock they are in: a
+			// virtual machine's monotonic clock can run apart from it.
+			at := time.Now().Round(0)
 			c.mu.Lock()
 			c.got = append(c.got, arrival{Delivery: d, At: at})
 			c.mu.Unlock()
