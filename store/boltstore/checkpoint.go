@@ -15,6 +15,12 @@ import (
 // journalMaxMessages, is room for appends while a checkpoint runs.
 const checkpointAt = journalMaxMessages * 3 / 4
 
+// idleCheckpointAfter is how long the writer waits without a request
+// before it checkpoints what is journaled in the background: after a burst
+// of Puts, so that the first Delete, or a read that walks bbolt, does not
+// wait for the burst's tail to go into bbolt.
+const idleCheckpointAfter = 50 * time.Millisecond
+
 // checkpoint commits the journaled messages to bbolt when there are any
 // (or an append failed since the last checkpoint), once the background
 // checkpoint, if one runs, has ended. The writer runs it before a Check
@@ -63,9 +69,16 @@ func (b *batch) putJournaled(items iter.Seq[*putItem], n int, next uint64) error
 // maybeCheckpoint starts a background checkpoint when the active layer
 // holds checkpointAt messages and none runs.
 func (s *Store) maybeCheckpoint() {
-	if s.ckDone == nil && !s.checkpointFull && len(s.ov.frozen.items) == 0 && len(s.ov.active.items) >= checkpointAt {
+	if s.canCheckpointInBackground() && len(s.ov.active.items) >= checkpointAt {
 		s.startCheckpoint()
 	}
+}
+
+// canCheckpointInBackground reports whether a background checkpoint may
+// start: none runs, none failed (a failed one leaves its frozen layer to
+// the writer's next commit), and bbolt was not found full.
+func (s *Store) canCheckpointInBackground() bool {
+	return s.ckDone == nil && !s.checkpointFull && len(s.ov.frozen.items) == 0
 }
 
 // startCheckpoint freezes the active layer and writes it into bbolt in a

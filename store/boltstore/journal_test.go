@@ -7,7 +7,9 @@ import (
 	"reflect"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/delayproxy/delayproxy/internal/testwait"
 	"github.com/delayproxy/delayproxy/store"
 )
 
@@ -140,6 +142,7 @@ func recordLen(t *testing.T, path string) int64 {
 // and finds them all after Open, in bbolt, with their ids and counts.
 func TestJournaledPutsSurviveWithoutACheckpoint(t *testing.T) {
 	h := newHarness(t, Options{})
+	h.s.idleCheckpoint = 0 // keep them journaled for the copy below
 	x := h.exchange("/", "x")
 	var keys []store.Key
 	for i := range 50 {
@@ -179,6 +182,35 @@ func TestJournaledPutsSurviveWithoutACheckpoint(t *testing.T) {
 	}
 	if err := s.Check(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAnIdleJournalGoesIntoBbolt checks that Puts journaled and then left
+// alone are checkpointed in the background once no request came for
+// idleCheckpoint, so that the next Delete commits alone instead of
+// carrying the burst's tail into bbolt first.
+func TestAnIdleJournalGoesIntoBbolt(t *testing.T) {
+	h := newHarness(t, Options{})
+	x := h.exchange("/", "x")
+	var keys []store.Key
+	for i := range 20 {
+		m := msg("x", base+int64(i)*1000, 0, "idle")
+		m.Incarnation = x.Incarnation
+		h.put(m)
+		keys = append(keys, m.Key)
+	}
+	testwait.Until(t, 5*time.Second, "a checkpoint of the idle journal", func() bool { return h.s.Stats().Checkpoints == 1 })
+	if got := bodies(t, h.s, keys); len(got) != 20 || got[19] != "idle" {
+		t.Fatalf("bodies after the idle checkpoint: %q", got)
+	}
+	if err := h.s.Delete(context.Background(), keys[:5]...); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.s.Stats(); st.Checkpoints != 1 {
+		t.Fatalf("Stats %+v: the Delete checkpointed again, want it alone", st)
+	}
+	if n := h.s.Pending(); n != 15 {
+		t.Fatalf("Pending %d after deleting 5 of 20", n)
 	}
 }
 

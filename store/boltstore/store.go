@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
@@ -34,7 +35,11 @@ type Store struct {
 	// journalMax is the most messages journaled before a checkpoint
 	// (journalMaxMessages; tests lower it).
 	journalMax int
-	scanHook   func() // tests: runs in the cascade scan goroutine before it scans
+	// idleCheckpoint is how long the writer waits without a request
+	// before it checkpoints the journaled messages in the background
+	// (idleCheckpointAfter; 0: never, for tests that keep them journaled).
+	idleCheckpoint time.Duration
+	scanHook       func() // tests: runs in the cascade scan goroutine before it scans
 
 	nextSeq atomic.Uint64 // next sequence handed out to Put
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"time"
 
 	"github.com/delayproxy/delayproxy/store"
 )
@@ -79,6 +80,9 @@ func (s *Store) run() {
 	defer close(s.done)
 	var cascades []*request // waiting for the watermark to reach their target
 	reqs := s.reqs          // nil once closed
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
+	defer idle.Stop()
 	for reqs != nil || s.scan != nil {
 		var batch, between []*request
 		n := 0
@@ -96,6 +100,15 @@ func (s *Store) run() {
 			scanDone = s.scan.done
 		}
 		var cascadeErr error
+		// Journaled messages and nothing to do: checkpoint them once no
+		// request came for s.idleCheckpoint.
+		var idleDue <-chan time.Time
+		if len(s.ov.active.items) > 0 && s.idleCheckpoint > 0 && s.canCheckpointInBackground() {
+			idle.Reset(s.idleCheckpoint)
+			idleDue = idle.C
+		} else {
+			idle.Stop()
+		}
 		select {
 		case r, ok := <-reqs:
 			if ok {
@@ -109,6 +122,8 @@ func (s *Store) run() {
 		case err := <-s.ckDone:
 			s.checkpointEnded(err)
 			s.maybeCheckpoint()
+		case <-idleDue:
+			s.startCheckpoint()
 		}
 		// Take everything that queued up during the previous commit. When
 		// the queue runs dry, yield the processor so that callers just
