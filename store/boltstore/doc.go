@@ -70,7 +70,9 @@
 // them. Once a generation holds 12,288 messages, the writer freezes it and
 // a goroutine of its own writes it into bbolt (checkpoint.go) while the
 // journal takes the next generation; until that checkpoint ends, the
-// writer does nothing but append, since the checkpoint uses its state.
+// writer does nothing but append, since the checkpoint uses its state. A
+// generation left without a request for 50 ms is checkpointed in the
+// background as well.
 // Any other write, Check, Close and a read that walks bbolt (ScanKeys,
 // List, Counts' due times) wait for it and checkpoint what is left in the
 // same goroutine, with their own commit. When bbolt has no room for the
