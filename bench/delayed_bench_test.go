@@ -231,6 +231,7 @@ func publishRounds(b *testing.B, publishers, window int, sides []*publishSide) m
 		s.pubs = newConfirmedPublishers(b, s.url, publishers, window)
 	}
 	b.ResetTimer()
+	steal := startSteal()
 	for done := 0; done < b.N; done += round {
 		n := min(round, b.N-done)
 		for _, s := range sides {
@@ -248,6 +249,7 @@ func publishRounds(b *testing.B, publishers, window int, sides []*publishSide) m
 		rate[s.name] = float64(b.N) / s.elapsed.Seconds()
 		b.ReportMetric(rate[s.name], s.name+"-msgs/s")
 	}
+	steal.report(b)
 	b.ReportMetric(0, "ns/op")
 	return rate
 }
@@ -452,6 +454,7 @@ func benchLateness(b *testing.B, mode int) {
 	var intakeTime time.Duration
 	rng := rand.New(rand.NewPCG(1, 2))
 	b.ResetTimer()
+	steal := startSteal()
 	for range b.N {
 		// Publishing runs ahead of the first due time: 2 s plus twice the
 		// due spread (so publishing at 5,000 msgs/s or more finishes first).
@@ -551,6 +554,7 @@ func benchLateness(b *testing.B, mode int) {
 	}
 	b.StopTimer()
 	reportPercentiles(b, "", late)
+	steal.report(b)
 	b.ReportMetric(float64(early), "early")
 	b.ReportMetric(float64(len(late))/span.Seconds(), "arrivals/s")
 	if intake != nil {

@@ -327,6 +327,8 @@ func BenchmarkProxy_Interleaved(b *testing.B) {
 // round, the sides taking turns to go first; run(i, n) does n messages on
 // side i and returns how long they took. It returns each side's total.
 func interleave(b *testing.B, round int, run func(i, n int) time.Duration) [2]time.Duration {
+	steal := startSteal()
+	defer steal.report(b)
 	var elapsed [2]time.Duration
 	for done, r := 0, 0; done < b.N; done, r = done+round, r+1 {
 		n := min(round, b.N-done)
