@@ -48,13 +48,12 @@ func cpuTicks() (total, steal uint64, ok bool) {
 	if err != nil || len(fields) < 9 || fields[0] != "cpu" {
 		return 0, 0, false
 	}
-	for i, s := range fields[1:] {
+	// The eight fields up to steal; guest time, after them, is counted in
+	// user and nice already.
+	for i, s := range fields[1:9] {
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
 			return 0, 0, false
-		}
-		if i >= 8 {
-			break // guest time is counted in user and nice already
 		}
 		total += n
 		if i == 7 {
