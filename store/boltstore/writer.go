@@ -100,14 +100,14 @@ func (s *Store) run() {
 			scanDone = s.scan.done
 		}
 		var cascadeErr error
-		// Journaled messages and nothing to do: checkpoint them once no
-		// request came for s.idleCheckpoint.
+		// Journaled messages and nothing queued: checkpoint them once no
+		// request came for s.idleCheckpoint. Under load a request is
+		// always queued, so the timer is left alone (a Reset discards
+		// whatever an earlier arming left in it).
 		var idleDue <-chan time.Time
-		if len(s.ov.active.items) > 0 && s.idleCheckpoint > 0 && s.canCheckpointInBackground() {
+		if len(reqs) == 0 && len(s.ov.active.items) > 0 && s.idleCheckpoint > 0 && s.canCheckpointInBackground() {
 			idle.Reset(s.idleCheckpoint)
 			idleDue = idle.C
-		} else {
-			idle.Stop()
 		}
 		select {
 		case r, ok := <-reqs:
