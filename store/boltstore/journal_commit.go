@@ -31,7 +31,7 @@ func (s *Store) journalCommit(group []*request) bool {
 		// once the running checkpoint has ended (that wait is the
 		// backpressure), and journal this group in the next generation.
 		s.awaitCheckpoint()
-		if s.checkpointFull || len(s.ov.frozen.items) > 0 || len(s.ov.active.items) == 0 {
+		if !s.canCheckpointInBackground() || len(s.ov.active.items) == 0 {
 			return false
 		}
 		s.startCheckpoint()
