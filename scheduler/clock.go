@@ -21,7 +21,8 @@ type Timer interface {
 	// ResetAt returns. An absolute time, so that a clock moving between
 	// the caller's reading of it and the arming cannot delay the wake-up.
 	ResetAt(t time.Time)
-	// Stop stops the timer.
+	// Stop stops the timer for good and releases what it holds; the
+	// owner calls it once it no longer waits on C.
 	Stop()
 }
 
@@ -31,14 +32,17 @@ type RealClock struct{}
 // Now is time.Now.
 func (RealClock) Now() time.Time { return time.Now() }
 
-// NewTimer wraps time.NewTimer.
-func (RealClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
+// NewTimer returns a timer that fires d from now, on the monotonic clock,
+// as time.Timer does: on Linux a timerfdTimer, which fires within the
+// kernel's timer slack rather than up to a millisecond late.
+func (RealClock) NewTimer(d time.Duration) Timer { return newRealTimer(d) }
 
-type realTimer struct{ t *time.Timer }
+// goTimer is a time.Timer as a Timer.
+type goTimer struct{ t *time.Timer }
 
-func (r realTimer) C() <-chan time.Time { return r.t.C }
-func (r realTimer) ResetAt(t time.Time) { r.t.Reset(time.Until(t)) } // Go 1.23+: no stale value after Reset
-func (r realTimer) Stop()               { r.t.Stop() }
+func (g goTimer) C() <-chan time.Time { return g.t.C }
+func (g goTimer) ResetAt(t time.Time) { g.t.Reset(time.Until(t)) } // Go 1.23+: no stale value after Reset
+func (g goTimer) Stop()               { g.t.Stop() }
 
 // ManualClock is a Clock that moves only when told to, for tests and
 // benchmarks. Its timers fire when Advance or Set moves the time to or past

@@ -1,0 +1,71 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+)
+
+func TestTimerfdTimer(t *testing.T) {
+	tests := []struct {
+		name    string
+		first   time.Duration // NewTimer's d
+		wait    time.Duration // before the re-arming, -1 for none
+		reset   time.Duration // the re-arming, from its time
+		wantGap time.Duration // the earliest fire, from the re-arming (or NewTimer)
+	}{
+		{"fires at its deadline", 3 * time.Millisecond, -1, 0, 3 * time.Millisecond},
+		{"a deadline in the past fires at once", -time.Second, -1, 0, 0},
+		{"re-armed later before firing", 2 * time.Millisecond, 0, 20 * time.Millisecond, 20 * time.Millisecond},
+		// The first arming has expired (its value may be read or in
+		// flight) when ResetAt moves the deadline on: that value must not
+		// arrive.
+		{"an expired arming is dropped", time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond},
+		{"re-armed earlier", time.Hour, 0, 2 * time.Millisecond, 2 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			tm := newRealTimer(tt.first)
+			defer tm.Stop()
+			if _, ok := tm.(*timerfdTimer); !ok {
+				t.Fatalf("newRealTimer gave %T, want a timerfd", tm)
+			}
+			if tt.wait >= 0 {
+				time.Sleep(tt.wait)
+				start = time.Now()
+				tm.ResetAt(start.Add(tt.reset))
+			}
+			select {
+			case at := <-tm.C():
+				if gap := at.Sub(start); gap < tt.wantGap {
+					t.Fatalf("fired %v after arming, want at least %v", gap, tt.wantGap)
+				}
+				if since := time.Since(start); since < tt.wantGap {
+					t.Fatalf("received %v after arming, want at least %v", since, tt.wantGap)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("did not fire")
+			}
+			select {
+			case <-tm.C():
+				t.Fatal("fired twice for one arming")
+			case <-time.After(30 * time.Millisecond):
+			}
+		})
+	}
+}
+
+// TestTimerfdTimerStop checks that Stop ends the reading goroutine (goleak
+// in TestMain fails the package otherwise), twice over, and that a stopped
+// timer ignores ResetAt.
+func TestTimerfdTimerStop(t *testing.T) {
+	tm := newRealTimer(time.Hour)
+	tm.Stop()
+	tm.ResetAt(time.Now())
+	tm.Stop()
+	select {
+	case <-tm.C():
+		t.Fatal("a stopped timer fired")
+	case <-time.After(20 * time.Millisecond):
+	}
+}
