@@ -23,6 +23,7 @@ import (
 	"github.com/delayproxy/delayproxy/internal/testbroker"
 	"github.com/delayproxy/delayproxy/internal/testproxy"
 	"github.com/delayproxy/delayproxy/internal/teststore"
+	"github.com/delayproxy/delayproxy/scheduler"
 )
 
 // End-to-end benchmarks of delayed messages: a whole delayproxy (listener,
@@ -624,11 +625,16 @@ func xDelayAt(due, now time.Time) int64 {
 // publishPaced publishes message k straight to queue at at(k), in order,
 // without waiting for confirms: each wake-up publishes everything due by
 // then, as a release would. With confirmed, ch is in confirm mode and
-// messages are mandatory, as the releaser publishes them.
+// messages are mandatory, as the releaser publishes them. It sleeps on the
+// scheduler's own timer, so the floors wake as punctually as the proxy:
+// time.Sleep wakes an idle process up to a millisecond late.
 func publishPaced(b *testing.B, ch *amqp.Channel, confirmed bool, queue string, n int, at func(k int) time.Time) {
+	timer := scheduler.RealClock{}.NewTimer(time.Hour)
+	defer timer.Stop()
 	for k := 0; k < n; k++ {
-		if d := time.Until(at(k)); d > 0 {
-			time.Sleep(d)
+		if time.Until(at(k)) > 0 {
+			timer.ResetAt(at(k))
+			<-timer.C()
 		}
 		m := amqp.Publishing{Body: payload64, MessageId: strconv.Itoa(k), DeliveryMode: amqp.Persistent}
 		if err := ch.PublishWithContext(context.Background(), "", queue, confirmed, false, m); err != nil {
