@@ -16,16 +16,20 @@ import (
 // 50 µs by default). It takes no thread while it waits.
 //
 // One goroutine reads the fd and sends on c; Stop closes the fd and waits
-// for it.
+// for it. ResetAt re-arms the fd only for a deadline earlier than the one
+// it is armed for: a later one (the scheduler's loop arms a later wake-up
+// on most turns) is re-armed by the reader when the fd expires first, so a
+// loop turning thousands of times a second makes no syscall for it.
 type timerfdTimer struct {
 	fd   int      // for timerfd_settime: f.Fd() would make the fd blocking
 	f    *os.File // for reads through the netpoller
 	c    chan time.Time
 	done chan struct{} // closed when the reading goroutine returns
 
-	mu       sync.Mutex // guards deadline, armed and stopped, and sends on c
-	deadline time.Time  // monotonic reading
+	mu       sync.Mutex // guards the fields below, the fd's arming and sends on c
+	deadline time.Time  // monotonic reading; owed a value on c when armed
 	armed    bool
+	fdAt     time.Time // when the fd is armed to expire; zero when it is not
 	stopped  bool
 }
 
@@ -49,10 +53,11 @@ func newRealTimer(d time.Duration) Timer {
 
 func (t *timerfdTimer) C() <-chan time.Time { return t.c }
 
-// ResetAt arms the fd for at, converted to a monotonic deadline as
-// time.Timer would. Arming resets the fd's count of expirations, and an
-// expiration read before it is dropped by read's deadline check, so no
-// value from an earlier arming arrives after ResetAt returns.
+// ResetAt sets the deadline at, converted to a monotonic reading as
+// time.Timer would, and arms the fd for it unless the fd already expires
+// no later. Arming resets the fd's count of expirations, and read drops an
+// expiration before the deadline, so no value from an earlier arming
+// arrives after ResetAt returns.
 func (t *timerfdTimer) ResetAt(at time.Time) {
 	now := time.Now()
 	d := max(at.Sub(now), 1) // a zero it_value would disarm the fd
@@ -63,7 +68,9 @@ func (t *timerfdTimer) ResetAt(at time.Time) {
 	}
 	t.drain()
 	t.deadline, t.armed = now.Add(d), true
-	t.settime(d)
+	if t.fdAt.IsZero() || t.deadline.Before(t.fdAt) {
+		t.settime(now, d)
+	}
 }
 
 // Stop disarms the timer for good, closes its fd and waits for the reading
@@ -80,8 +87,9 @@ func (t *timerfdTimer) Stop() {
 	<-t.done
 }
 
-// read sends the time on c for each expiration that reaches the current
-// deadline, until Stop closes the fd.
+// read sends the time on c once an expiration reaches the deadline, and
+// re-arms the fd for the deadline after an earlier one, until Stop closes
+// the fd.
 func (t *timerfdTimer) read() {
 	defer close(t.done)
 	var count [8]byte // the number of expirations since the last read
@@ -90,7 +98,12 @@ func (t *timerfdTimer) read() {
 			return
 		}
 		t.mu.Lock()
-		if now := time.Now(); t.armed && !now.Before(t.deadline) {
+		t.fdAt = time.Time{}
+		switch now := time.Now(); {
+		case !t.armed || t.stopped:
+		case now.Before(t.deadline):
+			t.settime(now, t.deadline.Sub(now))
+		default:
 			t.armed = false
 			select {
 			case t.c <- now:
@@ -101,13 +114,16 @@ func (t *timerfdTimer) read() {
 	}
 }
 
-// settime arms the fd to expire once, d from now; t.mu is held and the fd
-// open (Stop closes it only once stopped is set). A failure
-// (none is documented for a valid fd and value) leaves the loop to its next
-// turn: callers bound every sleep (maxSleep, the lease's renewal).
-func (t *timerfdTimer) settime(d time.Duration) {
+// settime arms the fd to expire once, d after now (the caller's reading);
+// t.mu is held, so the fd is open (Stop closes it once stopped is set). Its
+// only errors are EBADF, EFAULT and EINVAL, none possible for an open
+// timerfd and a positive value; were one returned, fdAt stays zero and the
+// next ResetAt arms again.
+func (t *timerfdTimer) settime(now time.Time, d time.Duration) {
 	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(d))}
-	_ = unix.TimerfdSettime(t.fd, 0, &spec, nil)
+	if unix.TimerfdSettime(t.fd, 0, &spec, nil) == nil {
+		t.fdAt = now.Add(d) // the kernel's expiry is a little later
+	}
 }
 
 func (t *timerfdTimer) drain() {

@@ -69,3 +69,25 @@ func TestTimerfdTimerStop(t *testing.T) {
 	case <-time.After(20 * time.Millisecond):
 	}
 }
+
+// TestTimerfdTimerMovedOn re-arms the timer later, turn after turn, as the
+// scheduler's loop does while Puts keep waking it: the fd, armed for the
+// first deadline, expires before the last one and must be re-armed for it.
+func TestTimerfdTimerMovedOn(t *testing.T) {
+	tm := newRealTimer(time.Millisecond)
+	defer tm.Stop()
+	var last time.Time
+	for range 40 {
+		last = time.Now().Add(5 * time.Millisecond)
+		tm.ResetAt(last)
+		time.Sleep(200 * time.Microsecond)
+	}
+	select {
+	case at := <-tm.C():
+		if at.Before(last) || time.Now().Before(last) {
+			t.Fatalf("fired %v before the last deadline", last.Sub(at))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("did not fire")
+	}
+}
