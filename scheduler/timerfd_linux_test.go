@@ -35,22 +35,14 @@ func TestTimerfdTimer(t *testing.T) {
 				start = time.Now()
 				tm.ResetAt(start.Add(tt.reset))
 			}
-			select {
-			case at := <-tm.C():
-				if gap := at.Sub(start); gap < tt.wantGap {
-					t.Fatalf("fired %v after arming, want at least %v", gap, tt.wantGap)
-				}
-				if since := time.Since(start); since < tt.wantGap {
-					t.Fatalf("received %v after arming, want at least %v", since, tt.wantGap)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("did not fire")
+			at := awaitFire(t, tm)
+			if gap := at.Sub(start); gap < tt.wantGap {
+				t.Fatalf("fired %v after arming, want at least %v", gap, tt.wantGap)
 			}
-			select {
-			case <-tm.C():
-				t.Fatal("fired twice for one arming")
-			case <-time.After(30 * time.Millisecond):
+			if since := time.Since(start); since < tt.wantGap {
+				t.Fatalf("received %v after arming, want at least %v", since, tt.wantGap)
 			}
+			expectSilent(t, tm, 30*time.Millisecond, "fired twice for one arming")
 		})
 	}
 }
@@ -63,11 +55,7 @@ func TestTimerfdTimerStop(t *testing.T) {
 	tm.Stop()
 	tm.ResetAt(time.Now())
 	tm.Stop()
-	select {
-	case <-tm.C():
-		t.Fatal("a stopped timer fired")
-	case <-time.After(20 * time.Millisecond):
-	}
+	expectSilent(t, tm, 20*time.Millisecond, "a stopped timer fired")
 }
 
 // TestTimerfdTimerMovedOn re-arms the timer later, turn after turn, as the
@@ -82,12 +70,29 @@ func TestTimerfdTimerMovedOn(t *testing.T) {
 		tm.ResetAt(last)
 		time.Sleep(200 * time.Microsecond)
 	}
+	if at := awaitFire(t, tm); at.Before(last) || time.Now().Before(last) {
+		t.Fatalf("fired %v before the last deadline", last.Sub(at))
+	}
+}
+
+// awaitFire returns the value tm sends, failing the test after 10 s.
+func awaitFire(t *testing.T, tm Timer) time.Time {
+	t.Helper()
 	select {
 	case at := <-tm.C():
-		if at.Before(last) || time.Now().Before(last) {
-			t.Fatalf("fired %v before the last deadline", last.Sub(at))
-		}
+		return at
 	case <-time.After(10 * time.Second):
 		t.Fatal("did not fire")
+		return time.Time{}
+	}
+}
+
+// expectSilent fails the test with msg if tm sends within d.
+func expectSilent(t *testing.T, tm Timer, d time.Duration, msg string) {
+	t.Helper()
+	select {
+	case <-tm.C():
+		t.Fatal(msg)
+	case <-time.After(d):
 	}
 }
