@@ -27,9 +27,8 @@ type timerfdTimer struct {
 	done chan struct{} // closed when the reading goroutine returns
 
 	mu       sync.Mutex // guards the fields below, the fd's arming and sends on c
-	deadline time.Time  // monotonic reading; owed a value on c when armed
-	armed    bool
-	fdAt     time.Time // when the fd is armed to expire; zero when it is not
+	deadline time.Time  // monotonic reading a value on c is owed for; zero when none is
+	fdAt     time.Time  // when the fd is armed to expire; zero when it is not
 	stopped  bool
 }
 
@@ -67,7 +66,7 @@ func (t *timerfdTimer) ResetAt(at time.Time) {
 		return
 	}
 	t.drain()
-	t.deadline, t.armed = now.Add(d), true
+	t.deadline = now.Add(d)
 	if t.fdAt.IsZero() || t.deadline.Before(t.fdAt) {
 		t.settime(now, d)
 	}
@@ -78,7 +77,7 @@ func (t *timerfdTimer) ResetAt(at time.Time) {
 func (t *timerfdTimer) Stop() {
 	t.mu.Lock()
 	stopped := t.stopped
-	t.stopped, t.armed = true, false
+	t.stopped, t.deadline = true, time.Time{}
 	t.drain()
 	t.mu.Unlock()
 	if !stopped {
@@ -100,11 +99,11 @@ func (t *timerfdTimer) read() {
 		t.mu.Lock()
 		t.fdAt = time.Time{}
 		switch now := time.Now(); {
-		case !t.armed || t.stopped:
+		case t.deadline.IsZero(): // fired already, or stopped
 		case now.Before(t.deadline):
 			t.settime(now, t.deadline.Sub(now))
 		default:
-			t.armed = false
+			t.deadline = time.Time{}
 			select {
 			case t.c <- now:
 			default:
