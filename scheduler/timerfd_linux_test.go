@@ -1,8 +1,12 @@
 package scheduler
 
 import (
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/delayproxy/delayproxy/internal/testload"
 )
 
 func TestTimerfdTimer(t *testing.T) {
@@ -72,6 +76,32 @@ func TestTimerfdTimerMovedOn(t *testing.T) {
 	}
 	if at := awaitFire(t, tm); at.Before(last) || time.Now().Before(last) {
 		t.Fatalf("fired %v before the last deadline", last.Sub(at))
+	}
+}
+
+// TestTimerfdTimerBusyRuntime arms the timer again and again while the
+// runtime's run queues never empty, so the netpoller that reports the fd's
+// expiry is polled only every 10 ms or so: the Go timer beside the fd must
+// wake the owner at the next scheduling point, never early. The fd alone
+// took a median of 34 ms past the deadline here; the bound leaves room for
+// a slow machine, far below that.
+func TestTimerfdTimerBusyRuntime(t *testing.T) {
+	stop := testload.BusyRunQueues(3)
+	defer stop()
+	tm := newRealTimer(time.Hour)
+	defer tm.Stop()
+	late := make([]time.Duration, 200)
+	for i := range late {
+		deadline := time.Now().Add(time.Duration(rand.IntN(2000)) * time.Microsecond)
+		tm.ResetAt(deadline)
+		if at := awaitFire(t, tm); at.Before(deadline) {
+			t.Fatalf("fired %v early", deadline.Sub(at))
+		}
+		late[i] = time.Since(deadline)
+	}
+	slices.Sort(late)
+	if median := late[len(late)/2]; median > 5*time.Millisecond {
+		t.Fatalf("median wake-up %v past the deadline while the run queues were busy, want at most 5ms", median)
 	}
 }
 
