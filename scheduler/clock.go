@@ -34,7 +34,8 @@ func (RealClock) Now() time.Time { return time.Now() }
 
 // NewTimer returns a timer that fires d from now, on the monotonic clock,
 // as time.Timer does: on Linux a timerfdTimer, which fires within the
-// kernel's timer slack rather than up to a millisecond late.
+// kernel's timer slack rather than up to a millisecond late, and on time
+// while the runtime's run queues are busy.
 func (RealClock) NewTimer(d time.Duration) Timer { return newRealTimer(d) }
 
 // goTimer is a time.Timer as a Timer.
