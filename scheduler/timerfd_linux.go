@@ -8,10 +8,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// timerfdTimer is RealClock's timer on Linux: a timerfd on the monotonic
-// clock, read through the runtime's netpoller, and a Go timer armed for the
-// same deadline; whichever expires first sends on c. Each covers the
-// other's blind spot:
+// timerfdTimer is RealClock's timer on Linux: a Go timer, whose channel is
+// C, and a timerfd on the monotonic clock armed for the same deadline, read
+// through the runtime's netpoller. Each covers the other's blind spot:
 //
 //   - Go's timers wake an idle process from epoll_wait, whose timeout is
 //     whole milliseconds, so they fire up to a millisecond late; a timerfd
@@ -19,27 +18,26 @@ import (
 //     kernel's timer slack, 50 µs by default).
 //   - The netpoller, which reports the fd, is polled only by a processor
 //     that found no goroutine to run (or by the runtime's monitor, every
-//     10 ms), so while the process's run queues stay busy the fd's
-//     expiry waits; Go's timers run at every scheduling point.
+//     10 ms), so while the process's run queues stay busy the fd's expiry
+//     waits; Go's timers run at every scheduling point.
 //
-// It takes no thread while it waits. Two goroutines, one reading the fd
-// and one receiving from the Go timer, send on c; Stop closes the fd, stops
-// the Go timer and waits for both. ResetAt re-arms the fd only for a
-// deadline earlier than the one it is armed for: a later one (the
+// When the fd expires at the deadline first, its reader fires the Go timer
+// at once (Reset(0)), unless its value for this arming was received
+// already (Stop reports false: Go 1.23's timer channels); so C gets one
+// value per arming, whichever expires first. ResetAt re-arms the fd only
+// for a deadline earlier than the one it is armed for: a later one (the
 // scheduler's loop arms a later wake-up on most turns) is re-armed by the
 // reader when the fd expires first, so a loop turning thousands of times a
-// second makes no syscall for it. The Go timer is re-armed every time (no
-// syscall).
+// second makes no syscall for it. It takes no thread while it waits; Stop
+// closes the fd and waits for the reader.
 type timerfdTimer struct {
 	fd   int      // for timerfd_settime: f.Fd() would make the fd blocking
 	f    *os.File // for reads through the netpoller
 	gt   *time.Timer
-	c    chan time.Time
-	quit chan struct{} // closed by Stop: ends the Go timer's goroutine
-	wg   sync.WaitGroup
+	done chan struct{} // closed when the reading goroutine returns
 
-	mu       sync.Mutex // guards the fields below, the fd's arming, gt's arming and sends on c
-	deadline time.Time  // monotonic reading a value on c is owed for; zero when none is
+	mu       sync.Mutex // guards the fields below, the fd's arming and gt's
+	deadline time.Time  // monotonic reading the fd's reader is to fire gt at; zero when fired or stopped
 	fdAt     time.Time  // when the fd is armed to expire; zero when it is not
 	stopped  bool
 }
@@ -55,21 +53,19 @@ func newRealTimer(d time.Duration) Timer {
 		fd:   fd,
 		f:    os.NewFile(uintptr(fd), "timerfd"), // non-blocking: the netpoller waits on it
 		gt:   time.NewTimer(time.Hour),           // armed by ResetAt below
-		c:    make(chan time.Time, 1),
-		quit: make(chan struct{}),
+		done: make(chan struct{}),
 	}
-	t.wg.Go(t.read)
-	t.wg.Go(t.receive)
+	go t.read()
 	t.ResetAt(time.Now().Add(d))
 	return t
 }
 
-func (t *timerfdTimer) C() <-chan time.Time { return t.c }
+func (t *timerfdTimer) C() <-chan time.Time { return t.gt.C }
 
 // ResetAt sets the deadline at, converted to a monotonic reading as
-// time.Timer would, arms the Go timer for it and the fd unless the fd
-// already expires no later. Arming resets the fd's count of expirations,
-// and an expiration before the deadline is dropped, so no value from an
+// time.Timer would, and arms the Go timer for it, and the fd unless the fd
+// already expires no later. Arming resets the fd's count of expirations and
+// the reader drops an expiration before the deadline, so no value from an
 // earlier arming arrives after ResetAt returns.
 func (t *timerfdTimer) ResetAt(at time.Time) {
 	now := time.Now()
@@ -79,34 +75,32 @@ func (t *timerfdTimer) ResetAt(at time.Time) {
 	if t.stopped {
 		return
 	}
-	t.drain()
 	t.deadline = now.Add(d)
-	t.gt.Reset(d) // from a later reading than now: never before the deadline
+	t.gt.Reset(d) // counts from a later reading than now: never before the deadline
 	if t.fdAt.IsZero() || t.deadline.Before(t.fdAt) {
 		t.settime(now, d)
 	}
 }
 
-// Stop disarms the timer for good, closes its fd, stops its Go timer and
-// waits for both goroutines.
+// Stop disarms the timer for good, closes its fd and waits for the reading
+// goroutine.
 func (t *timerfdTimer) Stop() {
 	t.mu.Lock()
 	stopped := t.stopped
 	t.stopped, t.deadline = true, time.Time{}
 	t.gt.Stop()
-	t.drain()
 	t.mu.Unlock()
 	if !stopped {
 		_ = t.f.Close() // wakes the blocked Read with ErrClosed
-		close(t.quit)
 	}
-	t.wg.Wait()
+	<-t.done
 }
 
-// read sends the time on c once an expiration of the fd reaches the
-// deadline, and re-arms the fd for the deadline after an earlier one, until
-// Stop closes the fd.
+// read fires the Go timer once an expiration of the fd reaches the
+// deadline (unless it fired on its own and was received), and re-arms the
+// fd for the deadline after an earlier one, until Stop closes the fd.
 func (t *timerfdTimer) read() {
+	defer close(t.done)
 	var count [8]byte // the number of expirations since the last read
 	for {
 		if _, err := t.f.Read(count[:]); err != nil {
@@ -114,40 +108,17 @@ func (t *timerfdTimer) read() {
 		}
 		t.mu.Lock()
 		t.fdAt = time.Time{}
-		now := time.Now()
-		t.fire(now)
-		if !t.deadline.IsZero() { // the fd expired before the deadline
+		switch now := time.Now(); {
+		case t.deadline.IsZero(): // fired already, or stopped
+		case now.Before(t.deadline):
 			t.settime(now, t.deadline.Sub(now))
+		default:
+			t.deadline = time.Time{}
+			if t.gt.Stop() { // its value is still owed: send it now
+				t.gt.Reset(0)
+			}
 		}
 		t.mu.Unlock()
-	}
-}
-
-// receive sends the time on c once the Go timer expires at the deadline,
-// until Stop.
-func (t *timerfdTimer) receive() {
-	for {
-		select {
-		case <-t.gt.C:
-			t.mu.Lock()
-			t.fire(time.Now())
-			t.mu.Unlock()
-		case <-t.quit:
-			return
-		}
-	}
-}
-
-// fire sends now on c if a value is owed and now reached its deadline,
-// and then owes nothing more; t.mu is held.
-func (t *timerfdTimer) fire(now time.Time) {
-	if t.deadline.IsZero() || now.Before(t.deadline) {
-		return
-	}
-	t.deadline = time.Time{}
-	select {
-	case t.c <- now:
-	default:
 	}
 }
 
@@ -160,12 +131,5 @@ func (t *timerfdTimer) settime(now time.Time, d time.Duration) {
 	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(d))}
 	if unix.TimerfdSettime(t.fd, 0, &spec, nil) == nil {
 		t.fdAt = now.Add(d) // the kernel's expiry is a little later
-	}
-}
-
-func (t *timerfdTimer) drain() {
-	select {
-	case <-t.c:
-	default:
 	}
 }
