@@ -37,7 +37,7 @@ type timerfdTimer struct {
 	done chan struct{} // closed when the reading goroutine returns
 
 	mu       sync.Mutex // guards the fields below, the fd's arming and gt's
-	deadline time.Time  // monotonic reading the fd's reader is to fire gt at; zero when fired or stopped
+	deadline time.Time  // monotonic reading of this arming's deadline, for the fd's reader; zero once it saw it pass, or stopped
 	fdAt     time.Time  // when the fd is armed to expire; zero when it is not
 	stopped  bool
 }
