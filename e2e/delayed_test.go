@@ -555,7 +555,9 @@ func testBurst(t *testing.T, b testbroker.Broker, n int) {
 	}
 
 	clock.set(due.Add(-300 * time.Millisecond))
-	got := cons.wait(t, n, 90*time.Second)
+	releasing := time.Now()
+	got := cons.drain(t, n, 30*time.Second) // the pace is the machine's: only a stall fails
+	t.Logf("%d released and consumed in %v", n, time.Since(releasing))
 	if first := clock.at(got[0].At); first.Before(due) {
 		t.Errorf("first message arrived %v before the due time", due.Sub(first))
 	}

@@ -438,6 +438,20 @@ func (c *consumer) snapshot() []arrival {
 // wait returns once n messages have arrived; it fails the test after d.
 func (c *consumer) wait(t testing.TB, n int, d time.Duration) []arrival {
 	t.Helper()
+	return c.await(t, n, d, false)
+}
+
+// drain returns once n messages have arrived; it fails the test when none
+// arrives for stall. For a backlog, whose pace is the machine's.
+func (c *consumer) drain(t testing.TB, n int, stall time.Duration) []arrival {
+	t.Helper()
+	return c.await(t, n, stall, true)
+}
+
+// await returns once n messages have arrived; it fails the test after d,
+// counted from each arrival when fromArrival is set.
+func (c *consumer) await(t testing.TB, n int, d time.Duration, fromArrival bool) []arrival {
+	t.Helper()
 	timeout := time.NewTimer(d)
 	defer timeout.Stop()
 	for {
@@ -449,9 +463,15 @@ func (c *consumer) wait(t testing.TB, n int, d time.Duration) []arrival {
 		}
 		select {
 		case <-c.more:
+			if fromArrival {
+				timeout.Reset(d)
+			}
 		case <-c.done:
 			t.Fatalf("consumer stopped after %d of %d messages", len(c.snapshot()), n)
 		case <-timeout.C:
+			if fromArrival {
+				t.Fatalf("no message for %v: %d of %d messages arrived", d, have, n)
+			}
 			t.Fatalf("timed out after %v: %d of %d messages arrived", d, have, n)
 		}
 	}
