@@ -454,6 +454,10 @@ func (c *consumer) await(t testing.TB, n int, d time.Duration, fromArrival bool)
 	t.Helper()
 	timeout := time.NewTimer(d)
 	defer timeout.Stop()
+	waited := "timed out after"
+	if fromArrival {
+		waited = "no message for"
+	}
 	for {
 		c.mu.Lock()
 		have := len(c.got)
@@ -469,10 +473,7 @@ func (c *consumer) await(t testing.TB, n int, d time.Duration, fromArrival bool)
 		case <-c.done:
 			t.Fatalf("consumer stopped after %d of %d messages", len(c.snapshot()), n)
 		case <-timeout.C:
-			if fromArrival {
-				t.Fatalf("no message for %v: %d of %d messages arrived", d, have, n)
-			}
-			t.Fatalf("timed out after %v: %d of %d messages arrived", d, have, n)
+			t.Fatalf("%s %v: %d of %d messages arrived", waited, d, have, n)
 		}
 	}
 }
