@@ -110,7 +110,7 @@ func (b *batch) apply(r *request) error {
 			}
 		}
 	case opPutExchange:
-		d := r.def
+		d := *r.def
 		if old, ok := b.exchange(exKey{d.VHost, d.Name}); ok {
 			d.Incarnation = old.Incarnation
 		} else {
@@ -121,7 +121,7 @@ func (b *batch) apply(r *request) error {
 			return err
 		}
 		b.ex[exKey{d.VHost, d.Name}] = &d
-		r.def = d
+		*r.def = d
 	case opCancelExchange, opDeleteExchange:
 		k := exKey{r.vhost, r.name}
 		d, ok := b.exchange(k)

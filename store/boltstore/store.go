@@ -56,7 +56,11 @@ type Store struct {
 	// the writer itself may read it without mu.
 	mu        sync.RWMutex
 	exchanges map[exKey]store.ExchangeDef
-	liveInc   map[uint64]exKey // incarnation -> exchange, live ones only
+	// liveInc maps the live incarnations to their exchanges. recount
+	// replaces the map, never changes one, and publishes each in
+	// liveIncs, so that Put checks its messages' exchanges without mu.
+	liveInc   map[uint64]exKey
+	liveIncs  atomic.Pointer[map[uint64]exKey]
 	counts    map[uint64]int64 // stored messages per incarnation (absent: 0)
 	live      int64            // sum of counts of live incarnations
 	stale     int64            // sum of counts of other incarnations
@@ -96,10 +100,12 @@ type Store struct {
 // recount rebuilds liveInc and the live/stale totals. Callers hold mu for
 // writing (or own s exclusively).
 func (s *Store) recount() {
-	clear(s.liveInc)
+	liveInc := make(map[uint64]exKey, len(s.exchanges))
 	for k, d := range s.exchanges {
-		s.liveInc[d.Incarnation] = k
+		liveInc[d.Incarnation] = k
 	}
+	s.liveInc = liveInc
+	s.liveIncs.Store(&liveInc)
 	s.live, s.stale = 0, 0
 	for inc, n := range s.counts {
 		if _, ok := s.liveInc[inc]; ok {

@@ -49,11 +49,12 @@ type request struct {
 	kind   opKind
 	ctx    context.Context
 	puts   []putItem
+	one    [1]putItem // puts of a Put of one message
 	keys   []store.Key
 	vhost  string
 	name   string
 	id     string
-	def    store.ExchangeDef
+	def    *store.ExchangeDef // opPutExchange: a copy of the caller's
 	target int64
 
 	n       int64

@@ -39,20 +39,22 @@ func (s *Store) queuePut(ctx context.Context, msgs []*store.Message) (*request, 
 	if len(msgs) == 0 {
 		return nil, nil
 	}
-	s.mu.RLock()
+	liveInc := *s.liveIncs.Load()
 	for _, m := range msgs {
-		if k, ok := s.liveInc[m.Incarnation]; !ok || k.vhost != m.VHost || k.name != m.Exchange {
-			s.mu.RUnlock()
+		if k, ok := liveInc[m.Incarnation]; !ok || k.vhost != m.VHost || k.name != m.Exchange {
 			return nil, fmt.Errorf("%w: %q in vhost %q (incarnation %d)", store.ErrUnknownExchange, m.Exchange, m.VHost, m.Incarnation)
 		}
 	}
-	s.mu.RUnlock()
 	for _, m := range msgs {
 		if m.Due < 0 || m.Due >= maxDue {
 			return nil, fmt.Errorf("%w: due time %d ms out of range", store.ErrInvalidMessage, m.Due)
 		}
 	}
-	items := make([]putItem, len(msgs))
+	r := &request{kind: opPut}
+	items := r.one[:]
+	if len(msgs) > 1 {
+		items = make([]putItem, len(msgs))
+	}
 	seq := s.nextSeq.Add(uint64(len(msgs))) - uint64(len(msgs))
 	for i, m := range msgs {
 		items[i].inc = m.Incarnation
@@ -66,7 +68,7 @@ func (s *Store) queuePut(ctx context.Context, msgs []*store.Message) (*request, 
 			items[i].id = idKey([]byte(m.VHost), []byte(m.Exchange), []byte(m.MessageID), m.Key)
 		}
 	}
-	r := &request{kind: opPut, puts: items}
+	r.puts = items
 	return r, s.enqueue(ctx, r)
 }
 
@@ -113,12 +115,12 @@ func (s *Store) CancelExchange(ctx context.Context, vhost, exchange string) (int
 // fields of def (the caller compares definitions before). def.Incarnation is
 // set on success.
 func (s *Store) PutExchange(ctx context.Context, def *store.ExchangeDef) error {
-	r := &request{kind: opPutExchange, def: *def}
-	r.def.Arguments = append([]byte(nil), def.Arguments...)
-	if err := s.do(ctx, r); err != nil {
+	d := *def
+	d.Arguments = append([]byte(nil), def.Arguments...)
+	if err := s.do(ctx, &request{kind: opPutExchange, def: &d}); err != nil {
 		return err
 	}
-	def.Incarnation = r.def.Incarnation
+	def.Incarnation = d.Incarnation
 	return nil
 }
 
