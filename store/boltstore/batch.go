@@ -157,7 +157,7 @@ func (b *batch) liveIncarnation(inc uint64) (exKey, bool) {
 			return k, true
 		}
 	}
-	k, ok := b.s.liveInc[inc]
+	k, ok := b.s.liveIncs()[inc]
 	if !ok {
 		return k, false
 	}

@@ -201,7 +201,7 @@ func (s *Store) check() error {
 		}
 		var live, stale int64
 		for inc, n := range counted {
-			if _, ok := s.liveInc[inc]; ok {
+			if _, ok := s.liveIncs()[inc]; ok {
 				live += n
 			} else {
 				stale += n
@@ -227,7 +227,7 @@ func (s *Store) check() error {
 		}); err != nil {
 			return err
 		}
-		if !maps.EqualFunc(registry, s.exchanges, equalDef) || len(s.liveInc) != len(s.exchanges) {
+		if !maps.EqualFunc(registry, s.exchanges, equalDef) || len(s.liveIncs()) != len(s.exchanges) {
 			add("registry in file differs from memory")
 		}
 		return nil

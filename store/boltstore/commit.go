@@ -188,7 +188,7 @@ func (s *Store) applyCommitted(b *batch) {
 		s.recount()
 	} else {
 		for inc, d := range b.delta {
-			if _, ok := s.liveInc[inc]; ok {
+			if _, ok := s.liveIncs()[inc]; ok {
 				s.live += d
 			} else {
 				s.stale += d

@@ -44,10 +44,7 @@ func (s *Store) Counts() []store.ExchangeCount {
 	for _, d := range s.exchanges {
 		out = append(out, store.ExchangeCount{VHost: d.VHost, Exchange: d.Name, Pending: s.counts[d.Incarnation] + s.ov.count(d.Incarnation)})
 	}
-	incs := make(map[uint64]exKey, len(s.liveInc))
-	for inc, k := range s.liveInc {
-		incs[inc] = k
-	}
+	incs := s.liveIncs() // never changed: safe to range after RUnlock
 	s.mu.RUnlock()
 	slices.SortFunc(out, func(a, b store.ExchangeCount) int {
 		if c := strings.Compare(a.VHost, b.VHost); c != 0 {

@@ -83,7 +83,7 @@ func (s *Store) journalCommit(group []*request) bool {
 // isLive reports whether inc is the incarnation of a registered exchange.
 // Callers hold mu (or are the writer).
 func (s *Store) isLive(inc uint64) bool {
-	_, ok := s.liveInc[inc]
+	_, ok := s.liveIncs()[inc]
 	return ok
 }
 

@@ -78,7 +78,6 @@ func Open(path string, opts Options) (*Store, error) {
 		reqs:           make(chan *request, requestQueue),
 		done:           make(chan struct{}),
 		exchanges:      make(map[exKey]store.ExchangeDef),
-		liveInc:        make(map[uint64]exKey),
 		counts:         make(map[uint64]int64),
 		tally:          make(map[int64]*tallyRow),
 		ov:             newOverlays(),

@@ -56,11 +56,10 @@ type Store struct {
 	// the writer itself may read it without mu.
 	mu        sync.RWMutex
 	exchanges map[exKey]store.ExchangeDef
-	// liveInc maps the live incarnations to their exchanges. recount
-	// replaces the map, never changes one, and publishes each in
-	// liveIncs, so that Put checks its messages' exchanges without mu.
-	liveInc   map[uint64]exKey
-	liveIncs  atomic.Pointer[map[uint64]exKey]
+	// liveInc maps the live incarnations to their exchanges (liveIncs).
+	// recount replaces the map, never changes one, so that Put checks its
+	// messages' exchanges without mu.
+	liveInc   atomic.Pointer[map[uint64]exKey]
 	counts    map[uint64]int64 // stored messages per incarnation (absent: 0)
 	live      int64            // sum of counts of live incarnations
 	stale     int64            // sum of counts of other incarnations
@@ -97,6 +96,10 @@ type Store struct {
 	stats   Stats
 }
 
+// liveIncs maps the live incarnations to their exchanges. The map is
+// never changed: recount replaces it.
+func (s *Store) liveIncs() map[uint64]exKey { return *s.liveInc.Load() }
+
 // recount rebuilds liveInc and the live/stale totals. Callers hold mu for
 // writing (or own s exclusively).
 func (s *Store) recount() {
@@ -104,11 +107,10 @@ func (s *Store) recount() {
 	for k, d := range s.exchanges {
 		liveInc[d.Incarnation] = k
 	}
-	s.liveInc = liveInc
-	s.liveIncs.Store(&liveInc)
+	s.liveInc.Store(&liveInc)
 	s.live, s.stale = 0, 0
 	for inc, n := range s.counts {
-		if _, ok := s.liveInc[inc]; ok {
+		if _, ok := liveInc[inc]; ok {
 			s.live += n
 		} else {
 			s.stale += n

@@ -39,7 +39,7 @@ func (s *Store) queuePut(ctx context.Context, msgs []*store.Message) (*request, 
 	if len(msgs) == 0 {
 		return nil, nil
 	}
-	liveInc := *s.liveIncs.Load()
+	liveInc := s.liveIncs()
 	for _, m := range msgs {
 		if k, ok := liveInc[m.Incarnation]; !ok || k.vhost != m.VHost || k.name != m.Exchange {
 			return nil, fmt.Errorf("%w: %q in vhost %q (incarnation %d)", store.ErrUnknownExchange, m.Exchange, m.VHost, m.Incarnation)
