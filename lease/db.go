@@ -50,8 +50,9 @@ func (l *Lease) exchange(ctx context.Context, sent time.Time, held []bool, expir
 		b.Queue(l.expireSQL(), l.namesOf(expire), l.cfg.Holder)
 	}
 	b.Queue(`SELECT role, expires_at < clock_timestamp(), expires_at < clock_timestamp() - $2 * interval '1 millisecond',
+			holder = $3 AND expires_at >= clock_timestamp(),
 			(SELECT count(*) FROM `+l.nodes+` WHERE expires_at > clock_timestamp())
-		FROM `+l.roles+` WHERE role = ANY($1)`, l.names, coverAfter*l.cfg.Renew.Milliseconds())
+		FROM `+l.roles+` WHERE role = ANY($1)`, l.names, coverAfter*l.cfg.Renew.Milliseconds(), l.cfg.Holder)
 	br := l.pool.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
 	if _, err := br.Exec(); err != nil {
@@ -76,7 +77,7 @@ func (l *Lease) exchange(ctx context.Context, sent time.Time, held []bool, expir
 	var role string
 	var st roleState
 	var nodes int
-	_, err = pgx.ForEachRow(rows, []any{&role, &st.expired, &st.longExpired, &nodes}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&role, &st.expired, &st.longExpired, &st.own, &nodes}, func() error {
 		if p, ok := l.partition(role); ok {
 			res.roles[p] = st
 		}

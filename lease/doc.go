@@ -39,10 +39,14 @@
 //     although its TCP sessions are intact.
 //   - Run runs lead once per term, a set of roles held; the term ends at
 //     once when the set changes (a deadline passed, a renewal refused or
-//     finding another epoch, a role taken or given up). Run keeps renewing
-//     while lead returns, and starts the next term only after it has.
-//     Callers check Held(p) before every action that must happen only
-//     under role p (fencing).
+//     finding another epoch, a role taken or given up), and when one of
+//     its roles was not held for a moment, even if it is taken again at
+//     once (a deadline that passed before or during its renewal): its
+//     ctx ends before the role is held again. Run keeps renewing while
+//     lead returns, and starts the next term only after it has. Callers
+//     check Held(p), then their term's ctx, before every action that must
+//     happen only under role p (fencing): an action of a term that lost
+//     the role cannot follow the term's refused ones once it is back.
 //   - One round trip per tick (heartbeat, renewals, the expiry of a role
 //     given up, and the reading of the roles and the live nodes, one
 //     pipelined batch), a second when it takes roles.

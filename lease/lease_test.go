@@ -71,12 +71,13 @@ func TestShare(t *testing.T) {
 }
 
 func TestPlan(t *testing.T) {
-	// roles reads a line of 8 roles: '.' held by another node, 'x'
-	// expired, 'X' expired for longer than a renew interval.
+	// roles reads a line of 8 roles: '.' held by another node (or this
+	// one), 'x' expired, 'X' expired for longer than a renew interval, 'o'
+	// this node's in the database, unexpired.
 	roles := func(s string) []roleState {
 		out := make([]roleState, len(s))
 		for i, c := range s {
-			out[i] = roleState{expired: c == 'x' || c == 'X', longExpired: c == 'X'}
+			out[i] = roleState{expired: c == 'x' || c == 'X', longExpired: c == 'X', own: c == 'o'}
 		}
 		return out
 	}
@@ -106,6 +107,8 @@ func TestPlan(t *testing.T) {
 		{"one give-up at a time", "11110000", "00001000", "........", 3, nil, -1},
 		{"does not take back what it gives up", "11100000", "00010000", "...X....", 3, nil, -1},
 		{"at its share: nothing", "00000111", "00000000", "........", 3, nil, -1},
+		{"takes back its own roles it lost locally", "00111111", "00000000", "oo......", 1, []int{0, 1}, -1},
+		{"does not take back its own role it gives up", "11100000", "00010000", "...o....", 3, nil, -1},
 	}
 	for _, tt := range tests {
 		take, giveUp := plan(set(tt.held), set(tt.leaving), roles(tt.roles), tt.nodes)
@@ -273,6 +276,68 @@ func TestLocalDeadlineIsSendTimePlusTTLLessMargin(t *testing.T) {
 	}
 	if taken := takeOnce(t, open(t, schema, "b", nil), 0, 1, 2, 3, 4, 5, 6, 7); len(taken) > 0 {
 		t.Errorf("the database gave b roles %v: a's leases had not expired there", taken)
+	}
+}
+
+// A renewal that comes back after the role's local deadline passed, but
+// before the deadline it sets, does not make the role held again in the
+// same term: Held was false meanwhile (the fence refused the term's
+// actions), so the term ends, and the role taken again makes a new one.
+// Otherwise the old term's later actions would pass the fence and
+// overtake those it refused. The renewal is held up for real: the test
+// locks the role rows while the tick is out.
+func TestDeadlinePassedDuringTheRenewalEndsTheTerm(t *testing.T) {
+	schema := teststore.PGSchema(t)
+	clock := scheduler.NewManualClock(time.Unix(1_000_000, 0))
+	var ticks atomic.Int32
+	second := make(chan struct{})
+	a := open(t, schema, "a", func(c *Config) { c.Clock = clock })
+	a.beforeTick = func() {
+		if ticks.Add(1) == 2 {
+			<-second
+		}
+	}
+	sent := clock.Now()
+	r := &recorder{}
+	run(t, a, r.lead)
+	testwait.Until(t, 5*time.Second, "a's first term", func() bool {
+		n, active, _ := r.state()
+		return n == 1 && active
+	})
+
+	// Lock the role rows, then let the second tick renew into the lock.
+	ctx := context.Background()
+	lock, err := connect(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Exec(ctx, "SELECT 1 FROM "+a.roles+" FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(sent.Add(DefaultRenew)) // the second tick's send time
+	close(second)
+	waiting := connect(t)
+	testwait.Until(t, 5*time.Second, "the renewal to wait for the lock", func() bool {
+		var n int
+		err := waiting.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%'||$1||'%'`, schema).Scan(&n)
+		return err == nil && n > 0
+	})
+
+	// Past the first deadline, before the one the renewal sets.
+	clock.Set(sent.Add(DefaultTTL - DefaultMargin + 100*time.Millisecond))
+	if a.Held(0) {
+		t.Fatal("held past its local deadline")
+	}
+	if err := lock.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, 5*time.Second, "a second term on the roles taken again", func() bool {
+		n, active, last := r.state()
+		return n == 2 && active && len(last) == partitions
+	})
+	if !a.Held(0) {
+		t.Error("the role is not held in the second term")
 	}
 }
 

@@ -30,8 +30,9 @@ type runner struct {
 // renew interval) it heartbeats the node, renews the roles it holds and
 // reads the roles and the live nodes in one round trip, then takes roles in
 // a second one if it should (plan). Each time the set of roles it holds
-// changes, it ends the current term: lead's ctx ends, and once lead has
-// returned, Run starts lead(ctx, parts) for the new set, if not empty.
+// changes, or one of them is lost however briefly, it ends the current
+// term: lead's ctx ends, and once lead has returned, Run starts lead(ctx,
+// parts) for the new set, if not empty.
 // Run does not wait for lead while it renews: the other roles stay held.
 // When ctx ends, Run ends the term, waits for lead, gives every role up in
 // the database so that other nodes take them at once, and returns.
@@ -94,7 +95,8 @@ func (l *Lease) firstDeadline() time.Time {
 	return first
 }
 
-// drop stops holding role p locally (Held is false from now on); level is
+// drop stops holding role p locally (Held is false from now on) and ends
+// the term that used it, even if the role is taken again at once; level is
 // the level of the log line.
 func (r *runner) drop(p int, level slog.Level, why string) {
 	l := r.l
@@ -104,6 +106,19 @@ func (r *runner) drop(p int, level slog.Level, why string) {
 	l.mu.Unlock()
 	r.changes++
 	l.log.Log(context.Background(), level, "releaser role lost", "partition", p, "epoch", epoch, "why", why)
+	r.endTermOf(p)
+}
+
+// endTermOf ends the current term if it uses role p. A term that lost a
+// role, however briefly, is over: the fence refused the role's actions
+// while it was not held, and what the term had started after those must
+// not pass the fence once the role is held again, or it would overtake
+// them. The term's ctx ends here, before the role can be taken again.
+func (r *runner) endTermOf(p int) {
+	if r.cur != nil && !r.cur.ending && slices.Contains(r.cur.parts, p) {
+		r.cur.ending = true
+		r.cur.cancel()
+	}
 }
 
 // dropPassed drops the roles whose local deadline has passed.
@@ -120,12 +135,27 @@ func (r *runner) dropPassed(why string) {
 	}
 }
 
-// keep records that role p is held by epoch until the local deadline.
+// keep records that role p, taken, is held by epoch until the local
+// deadline.
 func (r *runner) keep(p int, epoch int64, until time.Time) {
 	l := r.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.until[p], l.epoch[p] = until, epoch
+}
+
+// extend moves the local deadline of role p, renewed, to until, unless the
+// deadline it had passed while the renewal was out: the role was not held
+// meanwhile (Held said so), and extend reports false. It reads the clock
+// under the lock, as Held does, so the two agree on which came first.
+func (l *Lease) extend(p int, until time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.until[p].IsZero() || !l.cfg.Clock.Now().Before(l.until[p]) {
+		return false
+	}
+	l.until[p] = until
+	return true
 }
 
 // sync ends the current term when the roles held are no longer its set,
@@ -213,8 +243,9 @@ func (r *runner) tick(ctx context.Context, sent time.Time) {
 		case !now.Before(until):
 			r.drop(p, slog.LevelWarn, "renewal answered past the deadline")
 			held[p] = false
-		default:
-			r.keep(p, epoch, until)
+		case !l.extend(p, until):
+			r.drop(p, slog.LevelWarn, "deadline passed during the renewal")
+			held[p] = false
 		}
 	}
 	take, giveUp := plan(held, r.leaving, res.roles, res.nodes)

@@ -14,6 +14,9 @@ const coverAfter = 2
 type roleState struct {
 	expired     bool // expires_at has passed
 	longExpired bool // for longer than coverAfter renew intervals: no node took it
+	// own: this node holds it in the database, unexpired, although not by
+	// its local deadline (lost: it passed before or during the renewal).
+	own bool
 }
 
 // share is how many roles a node may hold among nodes live ones (itself
@@ -26,10 +29,11 @@ func share(roles, nodes int) int {
 // plan decides what a node does at a tick. held and leaving are this
 // node's roles (held by the local deadline) and those it gave up and has
 // not yet expired in the database; roles is what the tick read; nodes the
-// live nodes it counted. The node takes expired roles while it holds fewer
-// than its share, and any role expired for longer than coverAfter renew
-// intervals whatever its share (coverage first); a node above its share, when no role
-// is expired and it is giving none up, gives up one: giveUp, else -1.
+// live nodes it counted. The node takes expired roles, and its own that it
+// lost locally (own), while it holds fewer than its share, and any role
+// expired for longer than coverAfter renew intervals whatever its share
+// (coverage first); a node above its share, when no role is expired and it
+// is giving none up, gives up one: giveUp, else -1.
 func plan(held, leaving []bool, roles []roleState, nodes int) (take []int, giveUp int) {
 	n := 0
 	for _, h := range held {
@@ -46,7 +50,7 @@ func plan(held, leaving []bool, roles []roleState, nodes int) (take []int, giveU
 	// The roles nobody took for a while first, then in order.
 	for _, long := range []bool{true, false} {
 		for p, r := range roles {
-			if held[p] || leaving[p] || !r.expired || r.longExpired != long {
+			if held[p] || leaving[p] || !(r.expired || r.own) || r.longExpired != long {
 				continue
 			}
 			if long || n+len(take) < s {
