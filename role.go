@@ -191,17 +191,22 @@ func (rs *roleScheduler) Overdue() (int64, time.Duration) {
 }
 
 // fencedReleaser publishes only the messages whose partition's role is
-// held by its local deadline: one handed over later (a term that has not
-// stopped yet, a process woken from SIGSTOP) is reported unconfirmed,
-// unpublished, and stays in the store for the partition's next holder.
+// held by its local deadline, and only while their term lasts (the ctx of
+// the call): one handed over later (a term that has not stopped yet, a
+// process woken from SIGSTOP) is reported unconfirmed, unpublished, and
+// stays in the store for the partition's next holder. A term that lost a
+// role ends before the role is held again (package lease), so a batch
+// refused for it is never overtaken by one the same term published after.
 type fencedReleaser struct {
 	r    scheduler.PipelinedReleaser
 	held func(partition int) bool
 }
 
 // fence splits batch: the messages it may publish and their indexes in
-// batch; all of batch (nil indexes) when every one may be.
-func (f fencedReleaser) fence(batch []*store.Message) (pass []*store.Message, at []int) {
+// batch; all of batch (nil indexes) when every one may be; none once ctx
+// (the term) ended. ctx is read after the roles: a role held again came
+// after its term's end.
+func (f fencedReleaser) fence(ctx context.Context, batch []*store.Message) (pass []*store.Message, at []int) {
 	held := make(map[int]bool, 1)
 	ok := func(m *store.Message) bool {
 		p := pgstore.PartitionOf(m.Incarnation)
@@ -213,12 +218,16 @@ func (f fencedReleaser) fence(batch []*store.Message) (pass []*store.Message, at
 		return h
 	}
 	if !slices.ContainsFunc(batch, func(m *store.Message) bool { return !ok(m) }) {
-		return batch, nil
-	}
-	for i, m := range batch {
-		if ok(m) {
-			pass, at = append(pass, m), append(at, i)
+		pass = batch
+	} else {
+		for i, m := range batch {
+			if ok(m) {
+				pass, at = append(pass, m), append(at, i)
+			}
 		}
+	}
+	if ctx.Err() != nil {
+		return nil, nil
 	}
 	return pass, at
 }
@@ -238,21 +247,22 @@ func spread(n int, at []int, confirmed []bool) []bool {
 
 // Release publishes the messages of batch whose partition is held.
 func (f fencedReleaser) Release(ctx context.Context, batch []*store.Message) []bool {
-	pass, at := f.fence(batch)
+	pass, at := f.fence(ctx, batch)
 	if len(pass) == 0 {
 		return make([]bool, len(batch))
 	}
 	return spread(len(batch), at, f.r.Release(ctx, pass))
 }
 
-// Publish publishes the messages of batch whose partition is held.
-func (f fencedReleaser) Publish(ctx context.Context, batch []*store.Message) func() []bool {
-	pass, at := f.fence(batch)
+// Publish publishes the messages of batch whose partition is held; it
+// refused the batch when it kept any back.
+func (f fencedReleaser) Publish(ctx context.Context, batch []*store.Message) (func() []bool, bool) {
+	pass, at := f.fence(ctx, batch)
 	if len(pass) == 0 {
-		return func() []bool { return make([]bool, len(batch)) }
+		return func() []bool { return make([]bool, len(batch)) }, true
 	}
-	wait := f.r.Publish(ctx, pass)
-	return func() []bool { return spread(len(batch), at, wait()) }
+	wait, refused := f.r.Publish(ctx, pass)
+	return func() []bool { return spread(len(batch), at, wait()) }, refused || at != nil
 }
 
 // newReleasing is this node's scheduler: with the bbolt store, one

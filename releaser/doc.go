@@ -16,7 +16,9 @@
 //     awaited apart, so batches pipeline. After a failed publish (no
 //     connection, a connection lost with releases in flight), the vhost's
 //     next batches are refused for 50 ms, so they cannot overtake the
-//     failed one, which the scheduler retries first.
+//     failed one, which the scheduler retries first; Publish reports each
+//     refusal, and the scheduler then holds back its later batches itself
+//     until it has the refused ones back.
 //   - What is released is the stored message: routing key, properties and
 //     body as the client sent them. Only the header x-delay is set, to
 //     minus the delay (not for a delivery-time message, Delay 0); every other byte of the properties is the client's,

@@ -62,7 +62,7 @@ func TestSilentRabbitMQ(t *testing.T) {
 		t.Fatal("release just before the cut not confirmed")
 	}
 	link.Cut(t)
-	unconfirmed := r.Publish(context.Background(), []*store.Message{message(f.exchange, "k", 1, properties(), "lost")})
+	unconfirmed, _ := r.Publish(context.Background(), []*store.Message{message(f.exchange, "k", 1, properties(), "lost")})
 	select {
 	case <-c.dead:
 	case <-time.After(4 * heartbeat):

@@ -146,14 +146,17 @@ func New(cfg Config) (*Releaser, error) {
 // Release publishes batch in order and reports which messages RabbitMQ
 // confirmed. It implements scheduler.Releaser.
 func (r *Releaser) Release(ctx context.Context, batch []*store.Message) []bool {
-	return r.Publish(ctx, batch)()
+	wait, _ := r.Publish(ctx, batch)
+	return wait()
 }
 
 // Publish publishes batch in order and returns a function that waits for
-// RabbitMQ's confirms and reports which messages it confirmed. It implements
-// scheduler.PipelinedReleaser: batches published one after another go out
-// in that order, while their confirms are awaited concurrently.
-func (r *Releaser) Publish(ctx context.Context, batch []*store.Message) (wait func() []bool) {
+// RabbitMQ's confirms and reports which messages it confirmed; refused
+// when some were not written because a vhost's connection failed, now or
+// just before. It implements scheduler.PipelinedReleaser: batches
+// published one after another go out in that order, while their confirms
+// are awaited concurrently.
+func (r *Releaser) Publish(ctx context.Context, batch []*store.Message) (wait func() []bool, refused bool) {
 	confirmed := make([]bool, len(batch))
 	// Group by vhost, keeping order within each; usually there is one.
 	var order []string
@@ -166,33 +169,36 @@ func (r *Releaser) Publish(ctx context.Context, batch []*store.Message) (wait fu
 	}
 	waits := make([]func(), 0, len(order))
 	for _, vhost := range order {
-		waits = append(waits, r.publishVHost(ctx, vhost, batch, groups[vhost], confirmed))
+		w, no := r.publishVHost(ctx, vhost, batch, groups[vhost], confirmed)
+		waits, refused = append(waits, w), refused || no
 	}
 	return func() []bool {
 		for _, w := range waits {
 			w()
 		}
 		return confirmed
-	}
+	}, refused
 }
 
 // publishVHost publishes the messages batch[idx] of one vhost and returns a
-// function that waits for their confirms and records them in confirmed.
-func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*store.Message, idx []int, confirmed []bool) (wait func()) {
+// function that waits for their confirms and records them in confirmed;
+// refused when the connection failed or had failed just now, so that they
+// were not all written.
+func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*store.Message, idx []int, confirmed []bool) (wait func(), refused bool) {
 	r.mu.Lock()
 	failedAt := r.failed[vhost]
 	r.mu.Unlock()
 	if time.Since(failedAt) < failFast {
-		return func() {} // an earlier batch failed just now: it goes first
+		return func() {}, true // an earlier batch failed just now: it goes first
 	}
 	c, err := r.conn(ctx, vhost)
 	if err != nil {
 		r.cfg.Logger.Warn("release connection failed", "vhost", vhost, "err", err)
 		r.markFailed(vhost)
-		return func() {}
+		return func() {}, true
 	}
 	if idx = r.dropMissing(ctx, c, vhost, batch, idx, confirmed); len(idx) == 0 {
-		return func() {}
+		return func() {}, false
 	}
 	p, err := c.publish(batch, idx, confirmed)
 	if err != nil {
@@ -220,7 +226,7 @@ func (r *Releaser) publishVHost(ctx context.Context, vhost string, batch []*stor
 			}
 		default:
 		}
-	}
+	}, err != nil
 }
 
 // failFast is how long after a failed publish later batches of the vhost

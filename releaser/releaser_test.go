@@ -249,7 +249,11 @@ func TestPublishPipelinesBatchesInOrder(t *testing.T) {
 		for i := range 10 {
 			batch = append(batch, message(f.exchange, "k", 10, properties(), fmt.Sprint(b*10+i)))
 		}
-		waits = append(waits, r.Publish(context.Background(), batch)) // no wait in between
+		wait, refused := r.Publish(context.Background(), batch) // no wait in between
+		if refused {
+			t.Fatalf("batch %d refused", b)
+		}
+		waits = append(waits, wait)
 	}
 	for b, w := range waits {
 		for i, ok := range w() {
@@ -268,10 +272,13 @@ func TestPublishPipelinesBatchesInOrder(t *testing.T) {
 func TestBatchAfterFailedPublishDoesNotOvertakeIt(t *testing.T) {
 	r := newReleaser(t, Config{DialTimeout: time.Second})
 	m := &store.Message{VHost: "no-such-vhost-" + t.Name(), Exchange: "x"}
-	first := r.Publish(context.Background(), []*store.Message{m}) // the dial fails: 530
-	second := r.Publish(context.Background(), []*store.Message{m})
+	first, firstRefused := r.Publish(context.Background(), []*store.Message{m}) // the dial fails: 530
+	second, secondRefused := r.Publish(context.Background(), []*store.Message{m})
 	if first()[0] || second()[0] {
 		t.Fatal("confirmed on a vhost that does not exist")
+	}
+	if !firstRefused || !secondRefused {
+		t.Fatalf("refused: first %v, second %v; both were written nowhere", firstRefused, secondRefused)
 	}
 	r.mu.Lock()
 	dials := r.dials
@@ -280,7 +287,7 @@ func TestBatchAfterFailedPublishDoesNotOvertakeIt(t *testing.T) {
 		t.Fatalf("%d dials: the batch right after a failed one was tried instead of refused", dials)
 	}
 	time.Sleep(failFast)
-	r.Publish(context.Background(), []*store.Message{m})()
+	r.Release(context.Background(), []*store.Message{m})
 	r.mu.Lock()
 	dials = r.dials
 	r.mu.Unlock()

@@ -34,9 +34,11 @@
 //     longer than the horizon the first releases are the best of the oldest
 //     window. A message whose release was not confirmed goes back among the
 //     due ones, first of its priority, and all releases pause for the retry
-//     backoff, so later messages of its priority do not overtake it. With
-//     MaxInFlight above BatchSize, the order of overlapping batches is up to
-//     the Releaser.
+//     backoff, so later messages of its priority do not overtake it. A
+//     batch refused before it was written (its read failed, the
+//     PipelinedReleaser refused it) takes back with it the batches
+//     dispatched before the loop had it back, unwritten. Once a batch is
+//     written, the order of overlapping batches is up to the Releaser.
 //   - Deleted only after the confirm (invariant 2): a message leaves the
 //     store only once RabbitMQ confirmed its release, or when it is stale
 //     (its exchange was deleted or re-created: deleted, never released).

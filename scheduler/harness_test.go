@@ -313,11 +313,15 @@ func inReleaseOrder(msgs ...*store.Message) []string {
 
 // pipeline is a PipelinedReleaser over a recorder: Publish records the order
 // batches are published in, and each batch's wait blocks until open closes.
+// refuse, when set, says which batches Publish refuses, unwritten.
 type pipeline struct {
 	*recorder
 	open      chan struct{}
 	published chan []string // one value per Publish, in call order
+	refuse    func(batch []*store.Message) bool
 }
+
+var _ PipelinedReleaser = (*pipeline)(nil)
 
 // awaitPublished returns the ids of the first n messages published, in
 // publish order, and fails t if they are not all published within 10 s.
@@ -335,7 +339,10 @@ func (p *pipeline) awaitPublished(t *testing.T, n int) []string {
 	return got
 }
 
-func (p *pipeline) Publish(ctx context.Context, batch []*store.Message) func() []bool {
+func (p *pipeline) Publish(ctx context.Context, batch []*store.Message) (func() []bool, bool) {
+	if p.refuse != nil && p.refuse(batch) {
+		return func() []bool { return make([]bool, len(batch)) }, true
+	}
 	ids := make([]string, len(batch))
 	for i, m := range batch {
 		ids[i] = m.MessageID
@@ -347,5 +354,5 @@ func (p *pipeline) Publish(ctx context.Context, batch []*store.Message) func() [
 		case <-ctx.Done():
 		}
 		return p.recorder.Release(ctx, batch)
-	}
+	}, false
 }

@@ -23,11 +23,24 @@ import (
 // call, at most MaxInFlight/BatchSize at once. The loop then queues
 // confirmed and stale keys for their delete (delete.go) and puts
 // unconfirmed ones back into the wheel.
+//
+// A batch refused before it was written (its read failed, or the
+// PipelinedReleaser refused it) must not be overtaken by the batches
+// dispatched after it, which are due no earlier. publishLoop counts the
+// batches it refused, and the loop those it took back; a batch dispatched
+// while the loop had not taken back every one publishLoop has refused by
+// the time it reaches the batch is refused in turn, unread by the
+// Releaser, and all of them go back into the wheel together, in release
+// order. (A batch written and then not confirmed is beyond recall: the
+// Releaser keeps its own later batches from overtaking it.)
 
 // batchJob is a dispatched batch: the keys to release, in order.
 type batchJob struct {
 	seq  uint64 // numbers the batches in dispatch order
 	keys []store.Key
+	// refusalsIn is how many refused batches the loop had taken back when
+	// it dispatched this one.
+	refusalsIn uint64
 }
 
 // releaseResult is what the pipeline reports to the loop for one batch.
@@ -39,6 +52,10 @@ type releaseResult struct {
 	n     int         // messages the batch held
 	acked int         // confirmed by RabbitMQ (in del)
 	err   error       // reading the store failed; every key is in retry
+	// refused: some keys in retry were never written (the read failed,
+	// the Releaser refused them, or an earlier refusal was not taken back
+	// when this batch was dispatched).
+	refused bool
 	// releasedInc holds the exchange incarnation of each message RabbitMQ
 	// confirmed, for the exchange deletes' count (exchange.go).
 	releasedInc []uint64
@@ -75,7 +92,7 @@ func (s *Scheduler) dispatch(now time.Time) {
 		s.calls++
 		s.batchSeq++
 		s.unanswered[s.batchSeq] = struct{}{}
-		s.jobs <- batchJob{seq: s.batchSeq, keys: batch} // never blocks: it holds maxCalls
+		s.jobs <- batchJob{seq: s.batchSeq, keys: batch, refusalsIn: s.refusalsIn} // never blocks: it holds maxCalls
 	}
 }
 
@@ -109,12 +126,16 @@ func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits
 	publish := s.publishFunc()
 	fetched := make(chan *fetch, s.maxCalls) // every batch in flight fits
 	s.wg.Go(func() { s.fetchLoop(jobs, s.reads, fetched) })
+	var refusals uint64 // batches refused so far
 	for f := range fetched {
 		<-f.done
 		keys := f.job.keys
 		res := releaseResult{seq: f.job.seq, n: len(keys)}
-		if f.err != nil {
-			res.err, res.retry = f.err, keys
+		if f.err != nil || f.job.refusalsIn < refusals {
+			// Unread, or dispatched before an earlier refusal was
+			// taken back: it must not overtake that one.
+			res.err, res.retry, res.refused = f.err, keys, true
+			refusals++
 			s.results <- res
 			continue
 		}
@@ -133,9 +154,13 @@ func (s *Scheduler) publishLoop(ctx context.Context, jobs <-chan batchJob, waits
 			s.results <- res
 			continue
 		}
-		wait := publish(ctx, live)
-		// A PipelinedReleaser has written the batch by now; a plain
-		// Releaser has only been started.
+		wait, refused := publish(ctx, live)
+		// A PipelinedReleaser has written the batch by now (but what it
+		// refused); a plain Releaser has only been started.
+		if refused {
+			res.refused = true
+			refusals++
+		}
 		waits <- published{res: res, live: live, at: s.clock.Now(), wait: wait}
 	}
 }
@@ -241,14 +266,14 @@ func (s *Scheduler) confirmLoop(waits <-chan published) {
 // publishFunc is how publishLoop hands a batch over: a PipelinedReleaser's
 // Publish, or a plain Release call started in a goroutine of its own, so
 // that up to MaxInFlight/BatchSize calls overlap and start in order.
-func (s *Scheduler) publishFunc() func(ctx context.Context, batch []*store.Message) (wait func() []bool) {
+func (s *Scheduler) publishFunc() func(ctx context.Context, batch []*store.Message) (wait func() []bool, refused bool) {
 	if pr, ok := s.r.(PipelinedReleaser); ok {
 		return pr.Publish
 	}
-	return func(ctx context.Context, batch []*store.Message) func() []bool {
+	return func(ctx context.Context, batch []*store.Message) (func() []bool, bool) {
 		done := make(chan []bool, 1)
 		s.wg.Go(func() { done <- s.r.Release(ctx, batch) })
-		return func() []bool { return <-done }
+		return func() []bool { return <-done }, false
 	}
 }
 
@@ -265,6 +290,9 @@ func (s *Scheduler) finish(res releaseResult) {
 	s.calls--
 	s.prog.released += int64(res.acked)
 	delete(s.unanswered, res.seq)
+	if res.refused {
+		s.refusalsIn++ // its keys are back in the wheel below, before any dispatch
+	}
 	s.answeredForExchangeDeletes(res)
 	for _, k := range res.gone {
 		delete(s.outstanding, k)

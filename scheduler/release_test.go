@@ -2,11 +2,13 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -425,4 +427,69 @@ func TestBatchesReadAheadKeepOrder(t *testing.T) {
 	}
 	close(p.open)
 	h.settle()
+}
+
+// failFirstGet is a store whose Get fails once, for the batch that starts
+// with key first.
+type failFirstGet struct {
+	Store
+	first  store.Key
+	failed atomic.Bool
+}
+
+func (s *failFirstGet) Get(keys []store.Key) ([]*store.Message, error) {
+	if keys[0] == s.first && s.failed.CompareAndSwap(false, true) {
+		return nil, errors.New("the database went away for a moment")
+	}
+	return s.Store.Get(keys)
+}
+
+// TestRefusedBatchIsNotOvertaken: when the first of the batches in flight
+// is refused before it is written (its read failed, or the Releaser
+// refused it), the batches dispatched with it are not published ahead of
+// it: all of them go back, and after the retry backoff they go out in
+// release order.
+func TestRefusedBatchIsNotOvertaken(t *testing.T) {
+	for _, tc := range []string{"read failed", "releaser refused"} {
+		t.Run(tc, func(t *testing.T) {
+			h := newHarness(t, Options{BatchSize: 4, MaxInFlight: 64})
+			p := &pipeline{recorder: h.rel, open: make(chan struct{}), published: make(chan []string, 100)}
+			close(p.open) // confirms at once
+			h.piped = p
+			var msgs []*store.Message
+			for i := range 40 {
+				msgs = append(msgs, h.put(fmt.Sprintf("m%02d", i), 1+int64(i/8), uint8(i%3)))
+			}
+			want := inReleaseOrder(msgs...)
+			var first *store.Message
+			for _, m := range msgs {
+				if m.MessageID == want[0] {
+					first = m
+				}
+			}
+			switch tc {
+			case "read failed":
+				h.backend = &failFirstGet{Store: h.st, first: first.Key}
+			case "releaser refused":
+				refused := false // publishLoop's goroutine alone calls refuse
+				p.refuse = func(batch []*store.Message) bool {
+					if refused || batch[0].MessageID != first.MessageID {
+						return false
+					}
+					refused = true
+					return true
+				}
+			}
+			h.start()
+			h.advance(10 * time.Millisecond) // every batch dispatched at once; the first refused
+			if n := len(p.published); n != 0 {
+				t.Fatalf("%d batches published while the first was refused", n)
+			}
+			h.advance(100 * time.Millisecond) // the retry backoff
+			if got := p.awaitPublished(t, 40); !slices.Equal(got, want) {
+				t.Fatalf("published in order\n%v\nwant\n%v", got, want)
+			}
+			h.settle()
+		})
+	}
 }

@@ -62,8 +62,12 @@ type Releaser interface {
 type PipelinedReleaser interface {
 	Releaser
 	// Publish publishes batch in the given order and returns a function
-	// that reports, per message, whether RabbitMQ confirmed it.
-	Publish(ctx context.Context, batch []*store.Message) (wait func() (confirmed []bool))
+	// that reports, per message, whether RabbitMQ confirmed it. refused is
+	// true when Publish wrote some of batch nowhere (no connection, a
+	// failure just before, a role not held): the scheduler then publishes
+	// nothing it dispatched before it took those messages back, so that
+	// nothing overtakes them.
+	Publish(ctx context.Context, batch []*store.Message) (wait func() (confirmed []bool), refused bool)
 }
 
 // Options configure a Scheduler. The zero value gives the defaults.
@@ -189,6 +193,7 @@ type Scheduler struct {
 	maxCalls    int                    // most Release calls at once
 	jobs        chan batchJob          // dispatched batches, to publishLoop
 	batchSeq    uint64                 // sequence number of the last dispatched batch
+	refusalsIn  uint64                 // refused batches taken back (finish): batchJob.refusalsIn
 	unanswered  map[uint64]struct{}    // sequence numbers of the batches in flight
 	backoff     time.Duration          // retry backoff after the next unconfirmed release
 	holdUntil   time.Time              // no release before this (retry backoff)
