@@ -499,7 +499,7 @@ func testBurst(t *testing.T, b testbroker.Broker, n int) {
 		delay      = time.Hour
 	)
 	clock := &testClock{}
-	tp := startProxyWith(t, upstream(b, nil), testlog.New(), delayproxy.WithClock(clock))
+	tp := startProxyWith(t, upstream(b, nil), testlog.For(t), delayproxy.WithClock(clock))
 	var chans [publishers]*amqp.Channel
 	for p := range chans {
 		chans[p] = testbroker.Channel(t, tp.dial(t))

@@ -53,13 +53,13 @@ type testProxy struct {
 // checked for integrity.
 func startProxy(t testing.TB, opt func(*delayproxy.Config)) *testProxy {
 	t.Helper()
-	return startProxyWith(t, opt, testlog.New())
+	return startProxyWith(t, opt, testlog.For(t))
 }
 
 // startProxyOn is startProxy in front of broker b.
 func startProxyOn(t testing.TB, b testbroker.Broker, opt func(*delayproxy.Config)) *testProxy {
 	t.Helper()
-	return startProxyWith(t, upstream(b, opt), testlog.New())
+	return startProxyWith(t, upstream(b, opt), testlog.For(t))
 }
 
 // upstream is opt (which may be nil) after setting the upstream to b.

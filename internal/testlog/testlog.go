@@ -1,5 +1,6 @@
 // Package testlog is the logger of the code under test: silent unless
-// DELAYPROXY_TEST_LOG is set, then every level to standard error.
+// DELAYPROXY_TEST_LOG is set, then every level to standard error; For
+// keeps a test's warnings and errors for its log if it fails.
 package testlog
 
 import (
