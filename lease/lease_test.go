@@ -235,22 +235,31 @@ func run(t *testing.T, l *Lease, lead func(context.Context, []int)) (stop func()
 	return stop
 }
 
+// openPaused opens node a's lease on schema with a manual clock. Its ticks
+// from the second on wait until resume is called; call it before the test
+// ends (defer), or Run cannot stop.
+func openPaused(t *testing.T, schema string) (a *Lease, clock *scheduler.ManualClock, resume func()) {
+	t.Helper()
+	clock = scheduler.NewManualClock(time.Unix(1_000_000, 0))
+	var ticks atomic.Int32
+	paused := make(chan struct{})
+	a = open(t, schema, "a", func(c *Config) { c.Clock = clock })
+	a.beforeTick = func() {
+		if ticks.Add(1) > 1 {
+			<-paused
+		}
+	}
+	return a, clock, sync.OnceFunc(func() { close(paused) })
+}
+
 // The local deadline of a role is the time the successful take or renewal
 // was sent, plus TTL less Margin, on the node's own clock; when the clock
 // jumps past it (as when the process wakes from SIGSTOP) the role is no
 // longer held although the database still names the node.
 func TestLocalDeadlineIsSendTimePlusTTLLessMargin(t *testing.T) {
 	schema := teststore.PGSchema(t)
-	clock := scheduler.NewManualClock(time.Unix(1_000_000, 0))
-	var ticks atomic.Int32
-	block := make(chan struct{})
-	a := open(t, schema, "a", func(c *Config) { c.Clock = clock })
-	a.beforeTick = func() {
-		if ticks.Add(1) > 1 {
-			<-block // one tick only
-		}
-	}
-	defer close(block)
+	a, clock, resume := openPaused(t, schema)
+	defer resume() // one tick only
 	sent := clock.Now()
 	r := &recorder{}
 	run(t, a, r.lead)
@@ -288,15 +297,8 @@ func TestLocalDeadlineIsSendTimePlusTTLLessMargin(t *testing.T) {
 // locks the role rows while the tick is out.
 func TestDeadlinePassedDuringTheRenewalEndsTheTerm(t *testing.T) {
 	schema := teststore.PGSchema(t)
-	clock := scheduler.NewManualClock(time.Unix(1_000_000, 0))
-	var ticks atomic.Int32
-	second := make(chan struct{})
-	a := open(t, schema, "a", func(c *Config) { c.Clock = clock })
-	a.beforeTick = func() {
-		if ticks.Add(1) == 2 {
-			<-second
-		}
-	}
+	a, clock, resume := openPaused(t, schema)
+	defer resume()
 	sent := clock.Now()
 	r := &recorder{}
 	run(t, a, r.lead)
@@ -315,7 +317,7 @@ func TestDeadlinePassedDuringTheRenewalEndsTheTerm(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.Set(sent.Add(DefaultRenew)) // the second tick's send time
-	close(second)
+	resume()
 	waiting := connect(t)
 	testwait.Until(t, 5*time.Second, "the renewal to wait for the lock", func() bool {
 		var n int
