@@ -6,8 +6,12 @@ import (
 )
 
 // preallocate allocates f's blocks up to size, so that an append's
-// fdatasync writes data only, never the file's size or its extents. On a
-// file system without fallocate it writes zeros up to size.
+// fdatasync never writes the file's size or allocates blocks. On ext4 the
+// first write to an allocated block still marks its extent written, which
+// that fdatasync carries too (0.18 against 0.13 ms measured); every
+// generation starts again at its file's start, so only the first pass
+// through a file pays it. On a file system without fallocate it writes
+// zeros up to size.
 func preallocate(f *os.File, size int64) error {
 	for {
 		err := syscall.Fallocate(int(f.Fd()), 0, 0, size)
