@@ -17,6 +17,9 @@ func (s *session) contentDone(ch *Channel) {
 	}
 	ch.taken++
 	ch.mu.Unlock()
+	if s.recv != nil {
+		p.Received = s.recv.lastRecv()
+	}
 	p.inHook = true
 	s.hookPending.Add(1)
 	s.hooks.Publish(p)

@@ -3,6 +3,7 @@ package amqpproxy
 import (
 	"net"
 	"sync/atomic"
+	"time"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
 )
@@ -203,6 +204,11 @@ type Publish struct {
 	Tag uint64
 	// Claim is what InterceptsPublish returned for this publish.
 	Claim any
+	// Received is when the message's last bytes had reached this host, by
+	// the kernel's receive time of the client socket's read that brought
+	// them or a later one; the zero time where the kernel does not say.
+	// On the wall clock; a busy reader takes them up later.
+	Received time.Time
 
 	methodPayload []byte
 	inHook        bool

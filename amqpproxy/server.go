@@ -227,11 +227,12 @@ func (srv *Server) isClosed() bool {
 func (srv *Server) start(c net.Conn) {
 	setNoDelay(c)
 	id := srv.nextID.Add(1)
-	s := &session{srv: srv, clientConn: c, done: make(chan struct{}), drainSig: make(chan struct{}, 1), handshook: make(chan struct{}), probe: newProber(),
+	s := &session{srv: srv, done: make(chan struct{}), drainSig: make(chan struct{}, 1), handshook: make(chan struct{}), probe: newProber(),
 		log: srv.log.With("conn", id, "client", c.RemoteAddr().String())}
 	s.ctx, s.cancel = context.WithCancel(srv.ctx)
+	s.clientConn, s.recv = withRecvTime(c)
 	if srv.tls != nil {
-		s.clientConn = tls.Server(c, srv.tls)
+		s.clientConn = tls.Server(s.clientConn, srv.tls)
 	}
 	s.client = &readTimer{Conn: s.clientConn}
 	s.cr = wire.NewReader(s.client, preTuneFrameMax)

@@ -39,6 +39,7 @@ type session struct {
 
 	clientConn, upConn net.Conn   // as read and written (TLS or TCP)
 	client, upstream   *readTimer // read side, with heartbeat deadlines
+	recv               recvTimer  // the client socket's receive times; nil: unknown
 	cr, ur             *wire.Reader
 	cw, uw             *writer
 
