@@ -59,7 +59,10 @@
 //     due times keep publish order (invariant 4). Its queue is bounded;
 //     reading from the client stops while it is full.
 //   - Due times are the publish time rounded up to the millisecond plus
-//     x-delay (DueAt), then up to a multiple of Config.ReleaseWindow when
+//     x-delay (DueAt): the time its last bytes reached this host, as the
+//     kernel tells it (Publish.Received, Linux), never before it was
+//     sent, or else when the proxy took it (publishedAt). Then up to a
+//     multiple of Config.ReleaseWindow when
 //     one is set (windowDue), so no release is ever early as seen from the
 //     client (invariant 3), and messages published within one window with
 //     the same delay are due together (invariant 4).

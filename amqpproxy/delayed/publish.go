@@ -75,12 +75,13 @@ func (h *connHooks) InterceptsContent(_ *amqpproxy.Channel, m *wire.BasicPublish
 }
 
 // Publish implements amqpproxy.ConnHooks. An x-delay counts from the
-// moment the publish is here, before the waits for a declare in progress
+// moment the publish reached this host (publishedAt), not from when the
+// client reader took it up, and before the waits for a declare in progress
 // and for RabbitMQ's permission check (a round trip, and a dial on a
 // connection's first delayed publish), which would otherwise make the
 // message late by as much.
 func (h *connHooks) Publish(p *amqpproxy.Publish) {
-	took := h.i.cfg.Now()
+	took := publishedAt(h.i.cfg.Now(), p.Received)
 	c := p.Claim.(claim)
 	if c.dt != nil {
 		h.publishDeliveryTime(p, c.dt)

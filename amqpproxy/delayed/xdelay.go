@@ -149,3 +149,21 @@ func windowDue(due int64, window time.Duration) int64 {
 	}
 	return due
 }
+
+// maxSocketWait is the longest wait in the client socket publishedAt counts
+// back.
+const maxSocketWait = time.Minute
+
+// publishedAt is the instant an x-delay counts from: received, when the
+// message's last bytes reached this host (the kernel's receive time on the
+// wall clock; the zero time when unknown), so that a reader kept from its
+// socket by a busy machine does not make messages due later than their
+// publishers asked; otherwise now, when the proxy took it. A receive time
+// after now, or more than maxSocketWait before it, is not used: the
+// proxy's clock is then not the wall clock (tests set it apart).
+func publishedAt(now, received time.Time) time.Time {
+	if !received.IsZero() && !received.After(now) && now.Sub(received) <= maxSocketWait {
+		return received
+	}
+	return now
+}

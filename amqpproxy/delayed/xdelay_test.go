@@ -102,3 +102,28 @@ func TestDueAt(t *testing.T) {
 		})
 	}
 }
+
+// TestPublishedAt: an x-delay counts from when the message reached this
+// host, when the kernel told it and it fits the proxy's clock.
+func TestPublishedAt(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	tests := []struct {
+		name     string
+		received time.Time
+		want     time.Time
+	}{
+		{"unknown", time.Time{}, now},
+		{"waited 20ms", now.Add(-20 * time.Millisecond), now.Add(-20 * time.Millisecond)},
+		{"received now", now, now},
+		{"received after now (a clock held back)", now.Add(time.Millisecond), now},
+		{"waited maxSocketWait", now.Add(-maxSocketWait), now.Add(-maxSocketWait)},
+		{"waited longer (a clock set ahead)", now.Add(-maxSocketWait - time.Millisecond), now},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := publishedAt(now, tt.received); !got.Equal(tt.want) {
+				t.Fatalf("counts from %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
