@@ -6,10 +6,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/delayproxy/delayproxy/amqpproxy"
-	"github.com/delayproxy/delayproxy/amqpproxy/delayed"
 	"github.com/delayproxy/delayproxy/internal/testbroker"
-	"github.com/delayproxy/delayproxy/store"
 )
 
 // TestXDelayCountsFromTheArrival: a publish that waits in the client
@@ -21,21 +18,7 @@ import (
 func TestXDelayCountsFromTheArrival(t *testing.T) {
 	t.Parallel()
 	const hold, delay = 300 * time.Millisecond, 1000
-	dues := make(chan int64, 2)
-	w := &storeWrapper{
-		wait: func(msgs []*store.Message, answer func() error) error {
-			for _, m := range msgs {
-				dues <- m.Due
-			}
-			return answer()
-		},
-		beforePutExchange: func() { time.Sleep(hold) },
-	}
-	r := startWireRelay(t, testbroker.Default(t), delayed.Config{Store: w}, amqpproxy.Config{})
-	ch, err := r.confirmChannel(t)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch, dues := heldDeclareRelay(t, hold)
 	ex := testbroker.UniqueName(t, "dp-arrival")
 	if err := ch.ExchangeDeclare(ex, "x-delayed-message", false, false, false, true, amqp.Table{"x-delayed-type": "direct"}); err != nil {
 		t.Fatal(err)

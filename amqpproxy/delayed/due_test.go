@@ -21,21 +21,7 @@ import (
 func TestXDelayCountsFromThePublish(t *testing.T) {
 	t.Parallel()
 	const hold, delay = 300 * time.Millisecond, 1000
-	dues := make(chan int64, 1)
-	w := &storeWrapper{
-		wait: func(msgs []*store.Message, answer func() error) error {
-			for _, m := range msgs {
-				dues <- m.Due
-			}
-			return answer()
-		},
-		beforePutExchange: func() { time.Sleep(hold) },
-	}
-	r := startWireRelay(t, testbroker.Default(t), delayed.Config{Store: w}, amqpproxy.Config{})
-	ch, err := r.confirmChannel(t)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch, dues := heldDeclareRelay(t, hold)
 	ex := testbroker.UniqueName(t, "dp-due")
 	sent := time.Now()
 	if err := ch.ExchangeDeclare(ex, "x-delayed-message", false, false, false, true, amqp.Table{"x-delayed-type": "direct"}); err != nil {
@@ -57,4 +43,29 @@ func TestXDelayCountsFromThePublish(t *testing.T) {
 	if err := ch.ExchangeDelete(ex, false, false); err != nil {
 		t.Error(err)
 	}
+}
+
+// heldDeclareRelay starts a relay whose store holds each exchange's
+// registry write for hold, so that a publish right behind a no-wait
+// declare waits that long in the client reader, and returns a confirm
+// channel through it and the due times of the messages it stores, in
+// order.
+func heldDeclareRelay(t *testing.T, hold time.Duration) (*amqp.Channel, <-chan int64) {
+	t.Helper()
+	dues := make(chan int64, 16)
+	w := &storeWrapper{
+		wait: func(msgs []*store.Message, answer func() error) error {
+			for _, m := range msgs {
+				dues <- m.Due
+			}
+			return answer()
+		},
+		beforePutExchange: func() { time.Sleep(hold) },
+	}
+	r := startWireRelay(t, testbroker.Default(t), delayed.Config{Store: w}, amqpproxy.Config{})
+	ch, err := r.confirmChannel(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch, dues
 }
