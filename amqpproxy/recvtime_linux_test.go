@@ -69,6 +69,32 @@ func TestRecvTimeIsWhenTheBytesArrived(t *testing.T) {
 	}
 }
 
+// TestRecvTimeOfAReadIsItsLastSegment: a read that takes up segments that
+// arrived apart is stamped with the last one's arrival, so no byte it
+// returns arrived after its stamp (an x-delay counted from it is never
+// early).
+func TestRecvTimeOfAReadIsItsLastSegment(t *testing.T) {
+	t.Parallel()
+	c, rt, peer := loopbackPair(t)
+	if _, err := peer.Write([]byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(30 * time.Millisecond)
+	second := time.Now()
+	if _, err := peer.Write([]byte("second")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(30 * time.Millisecond)
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != "firstsecond" {
+		t.Fatalf("read %q, %v: want both segments in one read", buf[:n], err)
+	}
+	if got := rt.lastRecv(); got.Before(second) {
+		t.Fatalf("stamped %v before the second segment was written", second.Sub(got))
+	}
+}
+
 // TestRecvTimeConnEndsReadsAsNetConn: a read through withRecvTime ends as
 // one on the plain connection would, as the client reader tells them
 // apart: at its deadline, at the peer's close, at its own close.
