@@ -230,7 +230,12 @@ func (srv *Server) start(c net.Conn) {
 	s := &session{srv: srv, done: make(chan struct{}), drainSig: make(chan struct{}, 1), handshook: make(chan struct{}), probe: newProber(),
 		log: srv.log.With("conn", id, "client", c.RemoteAddr().String())}
 	s.ctx, s.cancel = context.WithCancel(srv.ctx)
-	s.clientConn, s.recv = withRecvTime(c)
+	s.clientConn = c
+	if srv.cfg.Interceptor != nil {
+		// Only publishes handed to the hooks carry a receive time: a pure
+		// relay reads with plain reads and leaves the host's timestamping off.
+		s.clientConn, s.recv = withRecvTime(c)
+	}
 	if srv.tls != nil {
 		s.clientConn = tls.Server(s.clientConn, srv.tls)
 	}
