@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -266,9 +267,13 @@ func publishRounds(b *testing.B, publishers, window int, sides []*publishSide) m
 // spread evenly over 3 s (ten per millisecond) are published ahead of time
 // in shuffled order, so delays are mixed; a consumer on the work queue
 // (straight to RabbitMQ) takes each arrival time, and lateness = arrival -
-// due on the shared wall clock. It runs the same workload five ways:
+// due on the shared wall clock. It runs the same workload several ways, among them:
 //
 //   - proxy: through delayproxy, x-delay on a delayed exchange;
+//   - proxy-no-message-id: the same, each message's number in its
+//     correlation-id instead of its message-id, so the store keeps no
+//     message-id index entry to delete at release (most frameworks set a
+//     message-id: the difference is what that index costs the releases);
 //   - ttl-dlx: RabbitMQ's own recipe, straight to RabbitMQ: a wait queue
 //     with per-message expiration, dead-lettered into the work queue;
 //   - paced-direct, paced-confirmed and paced-confirmed-ms: no delay
@@ -301,6 +306,7 @@ func publishRounds(b *testing.B, publishers, window int, sides []*publishSide) m
 // millisecond after the one asked for, against 7-15% when paced.
 func BenchmarkRelease_Lateness10k(b *testing.B) {
 	b.Run("proxy", func(b *testing.B) { benchLateness(b, latenessProxy) })
+	b.Run("proxy-no-message-id", func(b *testing.B) { benchLateness(b, latenessProxyNoMessageID) })
 	b.Run("proxy-delivery-time", func(b *testing.B) { benchLateness(b, latenessProxyDeliveryTime) })
 	b.Run("cluster", func(b *testing.B) { benchLateness(b, latenessCluster) })
 	b.Run("ttl-dlx", func(b *testing.B) { benchLateness(b, latenessTTL) })
@@ -333,6 +339,10 @@ func BenchmarkRelease_LatenessUnderIntake(b *testing.B) {
 // Ways of delivering a message at its due time, for BenchmarkRelease_Lateness10k.
 const (
 	latenessProxy = iota // delayproxy holds it
+	// latenessProxyNoMessageID is latenessProxy with each message's number
+	// in its correlation-id, not its message-id: the store's message-id
+	// index holds nothing.
+	latenessProxyNoMessageID
 	// latenessProxyUnderIntake is latenessProxy with a publisher of more
 	// delayed messages running flat out meanwhile.
 	latenessProxyUnderIntake
@@ -374,7 +384,8 @@ const (
 func benchLateness(b *testing.B, mode int) {
 	mixed := mode == latenessProxyDeliveryTime
 	proxyUnderIntake := mode == latenessProxyUnderIntake || mode == latenessProxyUnderIntakeUngated
-	viaProxy := mode == latenessProxy || proxyUnderIntake || mixed || mode == latenessCluster
+	noMessageID := mode == latenessProxyNoMessageID
+	viaProxy := mode == latenessProxy || noMessageID || proxyUnderIntake || mixed || mode == latenessCluster
 	const (
 		n          = 30_000
 		perSec     = 10_000
@@ -455,7 +466,7 @@ func benchLateness(b *testing.B, mode int) {
 	arrivals := make(chan arrival, n)
 	go func() {
 		for d := range deliveries {
-			id, _ := strconv.Atoi(d.MessageId)
+			id, _ := strconv.Atoi(cmp.Or(d.MessageId, d.CorrelationId))
 			arrivals <- arrival{id, time.Now().Round(0)}
 		}
 	}()
@@ -486,6 +497,9 @@ func benchLateness(b *testing.B, mode int) {
 		} else {
 			msg := func(k int) amqp.Publishing {
 				m := amqp.Publishing{Body: payload64, MessageId: strconv.Itoa(k), DeliveryMode: amqp.Persistent}
+				if noMessageID {
+					m.MessageId, m.CorrelationId = "", m.MessageId
+				}
 				if isDT(k) {
 					m.Headers = amqp.Table{"x-opt-delivery-time": (due(k).UnixNano() + 999_999) / 1e6}
 					return m
