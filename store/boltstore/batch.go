@@ -17,7 +17,7 @@ type batch struct {
 	s                                     *Store
 	tx                                    *bolt.Tx
 	slots, far, ids, exch, meta, countsBk *bolt.Bucket
-	released, tallyBk                     *bolt.Bucket
+	released, tallyBk, gone               *bolt.Bucket
 
 	slotB   map[int64]*bolt.Bucket // slot buckets opened in this tx, by slot index
 	farB    map[int64]*bolt.Bucket // far buckets opened in this tx, by far index
@@ -31,8 +31,11 @@ type batch struct {
 	tallyRows  map[int64]*tallyRow          // rows written by finish (nil: gone)
 	incCounter uint64
 	nextSeq    uint64
-	farMin     int64
-	farMinOK   bool
+	// goneFirst and goneNext bound the keys of the ids-gone bucket
+	// (idsgone.go): [goneFirst, goneNext).
+	goneFirst, goneNext uint64
+	farMin              int64
+	farMinOK            bool
 
 	late          []store.Key // far puts into the range of the running cascade scan
 	puts, deletes int
@@ -48,11 +51,11 @@ func (s *Store) newBatch(tx *bolt.Tx) *batch {
 		s: s, tx: tx,
 		slots: tx.Bucket(bucketSlots), far: tx.Bucket(bucketFar), ids: tx.Bucket(bucketIDs),
 		exch: tx.Bucket(bucketExchanges), meta: meta, countsBk: meta.Bucket(bucketCounts),
-		released: tx.Bucket(bucketReleased), tallyBk: meta.Bucket(bucketTally),
+		released: tx.Bucket(bucketReleased), tallyBk: meta.Bucket(bucketTally), gone: tx.Bucket(bucketIDsGone),
 		slotB: map[int64]*bolt.Bucket{}, farB: map[int64]*bolt.Bucket{}, relB: map[int64]*bolt.Bucket{},
 		drained: map[int64]struct{}{}, sc: map[int64]slotCount{},
 		ex: map[exKey]*store.ExchangeDef{}, delta: map[uint64]int64{}, tally: map[int64]int64{},
-		incCounter: s.incCounter, nextSeq: s.persistedSeq,
+		incCounter: s.incCounter, nextSeq: s.persistedSeq, goneFirst: s.goneFirst, goneNext: s.goneNext,
 		farMin: s.farMin, farMinOK: s.farMinOK,
 	}
 }
@@ -326,10 +329,11 @@ func (b *batch) remove(k store.Key) (inc uint64, found bool, err error) {
 	return b.removed(k, mv)
 }
 
-// removed deletes the ids entry of a message taken out and counts it.
+// removed counts a message taken out and leaves its ids entry to be
+// deleted later (idsgone.go).
 func (b *batch) removed(k store.Key, mv msgView) (inc uint64, found bool, err error) {
 	if mv.flags&flagMessageID != 0 {
-		if err := b.ids.Delete(idKey(mv.vhost, mv.exchange, mv.messageID, k)); err != nil {
+		if err := b.idGone(idKey(mv.vhost, mv.exchange, mv.messageID, k)); err != nil {
 			return 0, false, err
 		}
 	}
@@ -340,8 +344,14 @@ func (b *batch) removed(k store.Key, mv msgView) (inc uint64, found bool, err er
 }
 
 // finish drops the slots whose messages are all released, with their
-// released buckets, and writes counters and tally rows into meta.
+// released buckets, deletes the ids entries waiting beyond their bound,
+// and writes counters and tally rows into meta.
 func (b *batch) finish() error {
+	if !b.frozenOnly { // a background checkpoint only puts
+		if err := b.dropExcessGone(); err != nil {
+			return err
+		}
+	}
 	for idx := range b.drained {
 		bk, err := b.slot(idx, false)
 		if err != nil {

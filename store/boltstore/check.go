@@ -50,6 +50,24 @@ func (s *Store) check() error {
 			add("incarnation counter %d in file, %d in memory", incCounter, s.incCounter)
 		}
 		ids := tx.Bucket(bucketIDs)
+		gone := map[string]bool{} // ids keys in ids-gone
+		next := s.goneFirst
+		if err := tx.Bucket(bucketIDsGone).ForEach(func(k, v []byte) error {
+			if len(k) != 8 || beUint64(k) != next {
+				add("ids-gone key %x out of sequence (want %d)", k, next)
+			}
+			next++
+			if gone[string(v)] || !has(ids, v) {
+				add("ids-gone value %x is a duplicate or not in the ids index", v)
+			}
+			gone[string(v)] = true
+			return nil
+		}); err != nil {
+			return err
+		}
+		if next != s.goneNext {
+			add("ids-gone holds keys up to %d, %d in memory", next, s.goneNext)
+		}
 		counted := map[uint64]int64{}
 		tallied := map[int64]*tallyRow{}
 		withID := 0
@@ -73,8 +91,8 @@ func (s *Store) check() error {
 			}
 			if hasID {
 				withID++
-				if !has(ids, idKey(mv.vhost, mv.exchange, mv.messageID, k)) {
-					add("%s key %x: no ids entry for message-id %q", where, k[:], mv.messageID)
+				if ik := idKey(mv.vhost, mv.exchange, mv.messageID, k); !has(ids, ik) || gone[string(ik)] {
+					add("%s key %x: no ids entry for message-id %q, or it is in ids-gone", where, k[:], mv.messageID)
 				}
 			}
 		}
@@ -93,10 +111,12 @@ func (s *Store) check() error {
 					add("slot %d: key %x due %d misplaced (watermark %d)", idx, key[:], key.Due(), w)
 				}
 				if rb != nil && rb.Get(key[:]) != nil {
-					// Released: out of the counts and the ids index.
-					if mv, err := viewMessage(v); err == nil && mv.flags&flagMessageID != 0 &&
-						has(ids, idKey(mv.vhost, mv.exchange, mv.messageID, key)) {
-						add("slot %d key %x: released, but its ids entry is left", idx, key[:])
+					// Released: out of the counts, and its ids entry
+					// deleted or in ids-gone.
+					if mv, err := viewMessage(v); err == nil && mv.flags&flagMessageID != 0 {
+						if ik := idKey(mv.vhost, mv.exchange, mv.messageID, key); has(ids, ik) && !gone[string(ik)] {
+							add("slot %d key %x: released, but its ids entry is left", idx, key[:])
+						}
 					}
 					return nil
 				}
@@ -164,6 +184,12 @@ func (s *Store) check() error {
 				return nil
 			}
 			v := s.lookup(tx, w, store.Key(r.b))
+			if gone[string(k)] {
+				if v != nil {
+					add("ids entry %x is in ids-gone, but its message is stored", k)
+				}
+				return nil
+			}
 			mv, err := viewMessage(v)
 			if v == nil || err != nil || !bytes.Equal(mv.vhost, vhost) || !bytes.Equal(mv.exchange, exchange) || !bytes.Equal(mv.messageID, id) {
 				add("ids entry %x does not match a stored message", k)
@@ -172,8 +198,8 @@ func (s *Store) check() error {
 		}); err != nil {
 			return err
 		}
-		if nids != withID {
-			add("ids index has %d entries, %d messages have a message-id", nids, withID)
+		if nids != withID+len(gone) {
+			add("ids index has %d entries, %d messages have a message-id, %d are in ids-gone", nids, withID, len(gone))
 		}
 		persisted := map[uint64]int64{}
 		if err := meta.Bucket(bucketCounts).ForEach(func(k, v []byte) error {

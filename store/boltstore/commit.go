@@ -155,6 +155,9 @@ func commitError(err error) error {
 func (s *Store) applyCommitted(b *batch) {
 	s.incCounter = b.incCounter
 	s.persistedSeq = b.nextSeq
+	if !b.frozenOnly { // a background checkpoint leaves them as they are
+		s.goneFirst, s.goneNext = b.goneFirst, b.goneNext
+	}
 	for idx, c := range b.sc {
 		if c.dropped {
 			delete(s.slotCounts, idx)

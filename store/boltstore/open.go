@@ -74,6 +74,7 @@ func Open(path string, opts Options) (*Store, error) {
 		maxBatch:       o.MaxBatch,
 		passMax:        cascadePassMax,
 		journalMax:     journalMaxMessages,
+		idsGoneMax:     maxIDsGone,
 		idleCheckpoint: idleCheckpointAfter,
 		reqs:           make(chan *request, requestQueue),
 		done:           make(chan struct{}),
@@ -167,7 +168,7 @@ func create(path string, o Options) error {
 		return err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketSlots, bucketFar, bucketIDs, bucketExchanges, bucketReleased} {
+		for _, name := range [][]byte{bucketSlots, bucketFar, bucketIDs, bucketExchanges, bucketReleased, bucketIDsGone} {
 			if _, err := tx.CreateBucket(name); err != nil {
 				return err
 			}
@@ -251,6 +252,20 @@ func (s *Store) load(tx *bolt.Tx) error {
 		}
 	}
 	s.fileVersion = version
+	if version >= 6 {
+		gone := tx.Bucket(bucketIDsGone)
+		if gone == nil {
+			return fmt.Errorf("%w: bucket %q missing", ErrNotStore, bucketIDsGone)
+		}
+		c := gone.Cursor()
+		if first, _ := c.First(); first != nil {
+			last, _ := c.Last()
+			if len(first) != 8 || len(last) != 8 {
+				return fmt.Errorf("%w: bad ids-gone key", errCorrupt)
+			}
+			s.goneFirst, s.goneNext = beUint64(first), beUint64(last)+1
+		}
+	}
 	if version >= 3 {
 		bk := meta.Bucket(bucketTally)
 		if bk == nil {
@@ -284,14 +299,22 @@ func (s *Store) load(tx *bolt.Tx) error {
 	})
 }
 
-// upgradeSchema brings an older file to the current schema: it gives it a
-// journal id (versions 1 to 4 had no journal), adds the released bucket
+// upgradeSchema brings an older file to the current schema: it adds the
+// ids-gone bucket (versions 1 to 5 deleted ids entries at once, so it
+// starts empty), gives it a journal id (versions 1 to 4 had no journal;
+// a version 5 journal is kept, it may hold records), adds the released bucket
 // (version 1 deleted released messages outright, so it starts empty) and
 // the tally, counted from every key of the file once (versions 1 and 2
 // kept none), and puts the epoch first in the ids index's keys (versions 1
 // to 3).
 func (s *Store) upgradeSchema(tx *bolt.Tx) error {
 	meta := tx.Bucket(bucketMeta)
+	if _, err := tx.CreateBucketIfNotExists(bucketIDsGone); err != nil {
+		return err
+	}
+	if s.fileVersion >= 5 { // its journal may hold records: keep it
+		return meta.Put(metaVersion, u64(schemaVersion))
+	}
 	if err := meta.Put(metaJournal, journalMeta(newJournalID(), 1)); err != nil {
 		return err
 	}

@@ -138,7 +138,7 @@ func TestOpenUpgradesSchema(t *testing.T) {
 	for _, tc := range []struct {
 		version uint64
 		release bool // mark some released first (version 1 had no marks)
-	}{{1, false}, {2, true}, {3, true}} {
+	}{{1, false}, {2, true}, {3, true}, {4, true}, {5, true}} {
 		t.Run(fmt.Sprint("schema ", tc.version), func(t *testing.T) {
 			h := newHarness(t, Options{NoSync: true, FarWidth: time.Hour})
 			h.exchange("/", "x")
@@ -162,6 +162,12 @@ func TestOpenUpgradesSchema(t *testing.T) {
 				t.Fatal(err)
 			}
 			tamper(t, h.path, func(tx *bolt.Tx) error {
+				if err := withoutIDsGone(tx); err != nil {
+					return err
+				}
+				if tc.version >= 4 {
+					return tx.Bucket(bucketMeta).Put(metaVersion, u64(tc.version))
+				}
 				if err := withoutIDEpochs(tx); err != nil {
 					return err
 				}
@@ -182,8 +188,8 @@ func TestOpenUpgradesSchema(t *testing.T) {
 			h.s = h.open()
 			if err := h.s.db.View(func(tx *bolt.Tx) error {
 				meta := tx.Bucket(bucketMeta)
-				if v, _ := metaU64(meta, metaVersion); v != schemaVersion || tx.Bucket(bucketReleased) == nil || meta.Bucket(bucketTally) == nil {
-					t.Errorf("after Open: version %d, released bucket %v, tally %v", v, tx.Bucket(bucketReleased) != nil, meta.Bucket(bucketTally) != nil)
+				if v, _ := metaU64(meta, metaVersion); v != schemaVersion || tx.Bucket(bucketReleased) == nil || meta.Bucket(bucketTally) == nil || tx.Bucket(bucketIDsGone) == nil {
+					t.Errorf("after Open: version %d, released bucket %v, tally %v, ids-gone %v", v, tx.Bucket(bucketReleased) != nil, meta.Bucket(bucketTally) != nil, tx.Bucket(bucketIDsGone) != nil)
 				}
 				return nil
 			}); err != nil {
@@ -206,6 +212,18 @@ func TestOpenUpgradesSchema(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withoutIDsGone deletes the ids entries waiting in ids-gone, and the
+// bucket, as versions 1 to 5 had them: deleted with their messages.
+func withoutIDsGone(tx *bolt.Tx) error {
+	ids := tx.Bucket(bucketIDs)
+	if err := tx.Bucket(bucketIDsGone).ForEach(func(_, v []byte) error {
+		return ids.Delete(v)
+	}); err != nil {
+		return err
+	}
+	return tx.DeleteBucket(bucketIDsGone)
 }
 
 // withoutIDEpochs rewrites the ids index as versions 1 to 3 kept it, its

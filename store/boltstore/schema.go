@@ -8,8 +8,9 @@ import (
 
 const (
 	// schemaVersion 2 added the released bucket, 3 the tally, 4 put the
-	// epoch first in ids keys, 5 the journal; Open upgrades an older file.
-	schemaVersion = 5
+	// epoch first in ids keys, 5 the journal, 6 the ids-gone bucket; Open
+	// upgrades an older file.
+	schemaVersion = 6
 	storeMagic    = "delayproxy store"
 
 	// maxDue bounds due times (year ~146 million) so that watermark
@@ -27,7 +28,8 @@ const (
 //	               Key (17 B) -> 0x01                     released messages of that slot
 //	ids        epoch (Key's sequence >> 10, 8 B BE),
 //	           uvarint len, vhost, uvarint len, exchange,
-//	           uvarint len, message-id, Key -> (empty)    pending messages with a message-id
+//	           uvarint len, message-id, Key -> (empty)    messages with a message-id: pending, or in ids-gone
+//	ids-gone   counter (8 B BE) -> ids key                ids entries of messages taken out, to delete (idsgone.go)
 //	exchanges  uvarint len, vhost, name -> encoded ExchangeDef
 //	meta       magic, version, slot-ms, far-ms, seq (next sequence),
 //	           incarnation (last one handed out), watermark W (ms),
@@ -58,6 +60,7 @@ var (
 	bucketIDs       = []byte("ids")
 	bucketExchanges = []byte("exchanges")
 	bucketReleased  = []byte("released")
+	bucketIDsGone   = []byte("ids-gone")
 
 	metaMagic       = []byte("magic")
 	metaVersion     = []byte("version")

@@ -35,6 +35,9 @@ type Store struct {
 	// journalMax is the most messages journaled before a checkpoint
 	// (journalMaxMessages; tests lower it).
 	journalMax int
+	// idsGoneMax is the most ids entries left waiting after a commit
+	// (maxIDsGone; tests lower it).
+	idsGoneMax uint64
 	// idleCheckpoint is how long the writer waits without a request
 	// before it checkpoints the journaled messages in the background
 	// (idleCheckpointAfter; 0: never, for tests that keep them journaled).
@@ -70,9 +73,12 @@ type Store struct {
 	ov        overlays            // journaled messages not yet in bbolt (overlay.go)
 
 	// Writer-only state (no lock: touched by the writer goroutine alone).
-	incCounter   uint64       // last incarnation handed out
-	persistedSeq uint64       // next sequence as recorded in meta
-	scan         *cascadeScan // cascade pass in progress
+	incCounter   uint64 // last incarnation handed out
+	persistedSeq uint64 // next sequence as recorded in meta
+	// goneFirst and goneNext bound the keys of the ids-gone bucket as
+	// last committed: [goneFirst, goneNext) (idsgone.go).
+	goneFirst, goneNext uint64
+	scan                *cascadeScan // cascade pass in progress
 	// slotCounts holds, per slot with released messages, its entries and
 	// released marks as last committed: it tells when a slot may be all
 	// released, which two counting walks then prove before the drop.

@@ -101,12 +101,16 @@ func (s *Store) run() {
 			scanDone = s.scan.done
 		}
 		var cascadeErr error
-		// Journaled messages and nothing queued: checkpoint them once no
-		// request came for s.idleCheckpoint. Under load a request is
-		// always queued, so the timer is left alone (a Reset discards
-		// whatever an earlier arming left in it).
+		// Journaled messages, or ids entries waiting (idsgone.go), and
+		// nothing queued: checkpoint the messages in the background, or
+		// else delete a chunk of the entries, once no request came for
+		// s.idleCheckpoint. Under load a request is always queued, so the
+		// timer is left alone (a Reset discards whatever an earlier
+		// arming left in it).
 		var idleDue <-chan time.Time
-		if len(reqs) == 0 && len(s.ov.active.items) > 0 && s.idleCheckpoint > 0 && s.canCheckpointInBackground() {
+		idleCheckpoint := len(s.ov.active.items) > 0 && s.canCheckpointInBackground()
+		idleDrop := s.ckDone == nil && s.goneNext > s.goneFirst
+		if len(reqs) == 0 && (idleCheckpoint || idleDrop) && s.idleCheckpoint > 0 {
 			idle.Reset(s.idleCheckpoint)
 			idleDue = idle.C
 		}
@@ -124,7 +128,11 @@ func (s *Store) run() {
 			s.checkpointEnded(err)
 			s.maybeCheckpoint()
 		case <-idleDue:
-			s.startCheckpoint()
+			if idleCheckpoint {
+				s.startCheckpoint()
+			} else {
+				s.dropIDsGone()
+			}
 		}
 		// Take everything that queued up during the previous commit. When
 		// the queue runs dry, yield the processor so that callers just
