@@ -31,6 +31,12 @@
 //     upgrades an older schema.
 //   - Counters and tally change in the transaction that changes what they
 //     count, and Check proves them against the messages.
+//   - The ids index holds an entry for every pending message with a
+//     message-id, and the entries of messages taken out that wait in the
+//     ids-gone list (idsgone.go), never more than 65,536 after a commit: a
+//     removal appends there in its own commit instead of rewriting a page
+//     of the index, and the writer deletes them when idle. Check proves
+//     both kinds.
 //   - A slot loses messages only whole: a released mark is only made for a
 //     message of its slot, and a slot is dropped only when every message in
 //     it is marked.
@@ -72,7 +78,8 @@
 // journal takes the next generation; until that checkpoint ends, the
 // writer does nothing but append, since the checkpoint uses its state. A
 // generation left without a request for 50 ms is checkpointed in the
-// background as well.
+// background as well; with nothing journaled, such a pause lets the writer
+// delete a chunk of the ids entries waiting (idsgone.go) instead.
 // Any other write, Check, Close and a read that walks bbolt (ScanKeys,
 // List, Counts' due times) wait for it and checkpoint what is left in the
 // same goroutine, with their own commit. When bbolt has no room for the
