@@ -17,9 +17,9 @@ import (
 // (a page per message when the messages were published in another order
 // than they fall due). The writer deletes them later, oldest first and in
 // index order, in commits of their own once it has been idle for
-// Store.idleCheckpoint; a commit that leaves more than Store.idsGoneMax waiting
-// deletes the excess itself, and so does every commit while bbolt is full
-// (deleting makes room).
+// Store.idleCheckpoint; a commit that leaves more than Store.idsGoneMax
+// waiting deletes the excess itself, and every commit deletes them all
+// while bbolt is full (deleting makes room).
 //
 // An entry waiting here names a message that is gone: a cancel by
 // message-id that meets it finds no message under its key, as for any
@@ -35,6 +35,7 @@ const (
 // idGone records the ids entry idKey of a message taken out, to be
 // deleted later.
 func (b *batch) idGone(idKey []byte) error {
+	b.gone.FillPercent = 1 // appended to: pages packed full
 	if err := b.gone.Put(u64(b.goneNext), idKey); err != nil {
 		return err
 	}
