@@ -267,7 +267,8 @@ func publishRounds(b *testing.B, publishers, window int, sides []*publishSide) m
 // spread evenly over 3 s (ten per millisecond) are published ahead of time
 // in shuffled order, so delays are mixed; a consumer on the work queue
 // (straight to RabbitMQ) takes each arrival time, and lateness = arrival -
-// due on the shared wall clock. It runs the same workload several ways, among them:
+// due on the shared wall clock. It runs the same workload several ways,
+// among them:
 //
 //   - proxy: through delayproxy, x-delay on a delayed exchange;
 //   - proxy-no-message-id: the same, each message's number in its

@@ -90,7 +90,9 @@ func (b *batch) dropExcessGone() error {
 }
 
 // dropIDsGone is the writer's idle commit: it deletes up to idsGoneChunk
-// of the ids entries waiting. A failure leaves them waiting.
+// of the ids entries waiting. A failure leaves them waiting. It does not
+// checkpoint the journal first, as other commits do: it touches only the
+// entries of messages already taken out of bbolt, never a journaled one.
 func (s *Store) dropIDsGone() {
 	s.awaitCheckpoint()
 	start := time.Now()

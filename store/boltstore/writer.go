@@ -108,9 +108,9 @@ func (s *Store) run() {
 		// timer is left alone (a Reset discards whatever an earlier
 		// arming left in it).
 		var idleDue <-chan time.Time
-		idleCheckpoint := len(s.ov.active.items) > 0 && s.canCheckpointInBackground()
-		idleDrop := s.ckDone == nil && s.goneNext > s.goneFirst
-		if len(reqs) == 0 && (idleCheckpoint || idleDrop) && s.idleCheckpoint > 0 {
+		checkpointWhenIdle := len(s.ov.active.items) > 0 && s.canCheckpointInBackground()
+		dropWhenIdle := s.ckDone == nil && s.goneNext > s.goneFirst
+		if len(reqs) == 0 && (checkpointWhenIdle || dropWhenIdle) && s.idleCheckpoint > 0 {
 			idle.Reset(s.idleCheckpoint)
 			idleDue = idle.C
 		}
@@ -128,7 +128,7 @@ func (s *Store) run() {
 			s.checkpointEnded(err)
 			s.maybeCheckpoint()
 		case <-idleDue:
-			if idleCheckpoint {
+			if checkpointWhenIdle {
 				s.startCheckpoint()
 			} else {
 				s.dropIDsGone()
