@@ -126,9 +126,14 @@ func TestDeliveryTime_QuorumAndClassicThroughDefaultExchange(t *testing.T) {
 		quorum := b.DeclareQueue(t, true, amqp.Table{"x-queue-type": "quorum"})
 		classic := b.DeclareQueue(t, true, amqp.Table{"x-queue-type": "classic"})
 		qc, cc := consume(t, testbroker.Dial(t, b.URL), quorum), consume(t, testbroker.Dial(t, b.URL), classic)
+		// Due times fixed before the first publish, so the order does not
+		// hang on how long each confirm takes on a loaded machine.
+		start := time.Now()
+		firstDue := start.Add(2200 * time.Millisecond)
 		for i := range 5 {
 			for _, q := range []string{quorum, classic} {
-				publishConfirmed(t, ch, "", q, false, dtMsg(amqp.Table{hDelay: int32(1500 - 200*i)}, fmt.Sprint(i)))
+				due := start.Add(time.Duration(3000-200*i) * time.Millisecond).UnixMilli()
+				publishConfirmed(t, ch, "", q, false, dtMsg(amqp.Table{hTime: due}, fmt.Sprint(i)))
 			}
 		}
 		var e admin.Exchange
@@ -138,6 +143,9 @@ func TestDeliveryTime_QuorumAndClassicThroughDefaultExchange(t *testing.T) {
 		}
 		if n := len(tp.listPending(t, admin.DefaultExchangeAlias)); n != 10 {
 			t.Errorf("listed %d pending, want 10", n)
+		}
+		if late := time.Since(firstDue); late >= 0 {
+			t.Fatalf("publishing and the admin checks ended %v after the first due time", late)
 		}
 		want := []string{"4", "3", "2", "1", "0"}
 		if got := messageIDs(qc.wait(t, 5, 20*time.Second)); !slices.Equal(got, want) {
