@@ -176,9 +176,15 @@ func (ch *Channel) takeWaitingLocked() []*pending {
 
 // failReplies tells reply hooks that no answer will come.
 func (ch *Channel) failReplies(waiting []*pending, err error) {
+	if len(waiting) == 0 {
+		return
+	}
 	if err == nil {
 		err = errChannelClosed
 	}
+	// A hook may wait for what a reader relayed before.
+	ch.s.uw.q.wake()
+	ch.s.cw.q.wake()
 	for _, p := range waiting {
 		p.onReply(&Reply{Channel: ch, Request: p.request, Err: err})
 	}

@@ -22,6 +22,9 @@ func (s *session) clientLoop() {
 		// busy and draining: see drained.
 		s.busy.Store(true)
 		ok := s.fromClient(f)
+		if !s.cr.HasFrame() {
+			s.uw.q.wake() // the frames of this read leave in one write
+		}
 		s.busy.Store(false)
 		s.poke()
 		if !ok {
@@ -252,6 +255,7 @@ func (s *session) clientPublish(ch *Channel, f wire.Frame) bool {
 	if s.hooks != nil {
 		var m wire.BasicPublish
 		if err := m.Decode(f.Payload[4:]); err == nil {
+			s.uw.q.wake() // a hook may wait for what was relayed before
 			if claim, ok := s.hooks.InterceptsPublish(ch, &m); ok {
 				ch.in = contentIn{phase: inHeader, pub: &Publish{Channel: ch, Message: Message{Publish: m}, Claim: claim,
 					methodPayload: append([]byte(nil), f.Payload...)}}
@@ -283,6 +287,7 @@ func (s *session) clientPublish(ch *Channel, f wire.Frame) bool {
 func (s *session) heldContent(ch *Channel, f wire.Frame) bool {
 	in := &ch.in
 	if f.Type == wire.FrameHeader && len(f.Payload) > 12 && f.Payload[12]&headersFlagHigh != 0 && ch.state.Load() == chOpen {
+		s.uw.q.wake() // a hook may wait for what was relayed before
 		if claim, ok := s.hooks.InterceptsContent(ch, &in.heldPub, f.Payload[12:]); ok {
 			held := in.held
 			*in = contentIn{phase: inHeader, pub: &Publish{Channel: ch, Message: Message{Publish: in.heldPub}, Claim: claim,
@@ -307,7 +312,7 @@ func (s *session) releaseHeld(ch *Channel) bool {
 		ch.confirms.relay(ch.confirms.publish())
 		ch.mu.Unlock()
 	}
-	return s.uw.q.push(outItem{kind: itemRelay, ch: ch, buf: held})
+	return s.uw.q.pushQuiet(outItem{kind: itemRelay, ch: ch, buf: held})
 }
 
 // inConfirm reports whether ch is in confirm mode; client reader only (it

@@ -64,6 +64,10 @@
 // flushes when the queue is empty (batching without a timer), sends a
 // heartbeat when it wrote nothing for half the heartbeat interval, and
 // closes the socket when it exits, which ends the reader of that socket.
+// A reader queues the frames it relays without waking the writer and
+// wakes it once it has no whole frame left buffered, so the frames of one
+// socket read leave in one write; it also wakes it before every hook
+// call and before it waits for room, so nothing it queued waits on it.
 // Readers set a read deadline of two heartbeat intervals before every read
 // (any byte counts as liveness; time spent blocked on a full queue does
 // not count against the peer). A dead upstream gets the client a

@@ -22,6 +22,7 @@ func (s *session) contentDone(ch *Channel) {
 	}
 	p.inHook = true
 	s.hookPending.Add(1)
+	s.uw.q.wake() // a hook may wait for what was relayed before
 	s.hooks.Publish(p)
 	p.inHook = false
 }
@@ -37,7 +38,7 @@ func (s *session) relayPublish(p *Publish) {
 	q := s.uw.q
 	q.push(outItem{kind: itemRelay, ch: ch, buf: s.cArena.frame(wire.FrameMethod, ch.id, p.methodPayload)})
 	q.push(outItem{kind: itemRelay, ch: ch, buf: s.cArena.frame(wire.FrameHeader, ch.id, p.Header)})
-	splitBody(q, &s.cArena, wire.Frame{Type: wire.FrameBody, Channel: ch.id, Payload: p.Body}, ch, s.upMaxBody)
+	splitBody(q.push, &s.cArena, wire.Frame{Type: wire.FrameBody, Channel: ch.id, Payload: p.Body}, ch, s.upMaxBody)
 }
 
 // clientMethodHooked relays a method on a connection with hooks: listed
@@ -50,6 +51,7 @@ func (s *session) clientMethodHooked(ch *Channel, id wire.MethodID, f wire.Frame
 			return s.relayUp(f, ch) // RabbitMQ refuses it as it would
 		}
 		call := &Call{Channel: ch, Method: m, payload: f.Payload}
+		s.uw.q.wake() // a hook may wait for what was relayed before
 		s.hooks.Method(call)
 		if !call.decided {
 			call.Relay(nil, nil)

@@ -56,18 +56,21 @@ func (s *session) relayFrom(from side, f wire.Frame, ch *Channel) bool {
 }
 
 // relay queues a copy of f (carved from the reader's arena a) on q,
-// re-splitting a body frame larger than maxBody.
+// re-splitting a body frame larger than maxBody. Only the reader that
+// relays into q calls it: the frame waits for its wake (pushQuiet).
 func relay(q *outQueue, a *arena, maxBody int, f wire.Frame, ch *Channel) bool {
 	if f.Type == wire.FrameBody && len(f.Payload) > maxBody {
-		return splitBody(q, a, f, ch, maxBody)
+		return splitBody(q.pushQuiet, a, f, ch, maxBody)
 	}
-	return q.push(outItem{kind: itemRelay, ch: ch, buf: a.frame(f.Type, f.Channel, f.Payload)})
+	return q.pushQuiet(outItem{kind: itemRelay, ch: ch, buf: a.frame(f.Type, f.Channel, f.Payload)})
 }
 
-func splitBody(q *outQueue, a *arena, f wire.Frame, ch *Channel, max int) bool {
+// splitBody queues body frame f as frames of at most max payload bytes,
+// each with push.
+func splitBody(push func(outItem) bool, a *arena, f wire.Frame, ch *Channel, max int) bool {
 	for p := f.Payload; len(p) > 0; {
 		n := min(len(p), max)
-		if !q.push(outItem{kind: itemRelay, ch: ch, buf: a.frame(wire.FrameBody, f.Channel, p[:n])}) {
+		if !push(outItem{kind: itemRelay, ch: ch, buf: a.frame(wire.FrameBody, f.Channel, p[:n])}) {
 			return false
 		}
 		p = p[n:]

@@ -362,3 +362,56 @@ func TestInterceptChannelClosedWithConfirmsPending(t *testing.T) {
 		})
 	}
 }
+
+// TestInterceptHookSeesWhatWasRelayedBefore: frames relayed from the same
+// socket read as a publish are written upstream before a hook is called
+// for it, so a hook may wait on them: here a queue.declare and a publish
+// come in one write, and the Publish hook waits for RabbitMQ to have the
+// queue.
+func TestInterceptHookSeesWhatWasRelayedBefore(t *testing.T) {
+	t.Parallel()
+	direct := testbroker.Dial(t, testbroker.URL(t))
+	q := testbroker.UniqueName(t, "declared-before")
+	t.Cleanup(func() { testbroker.Channel(t, direct).QueueDelete(q, false, false, false) })
+	// exists polls for the queue from the hook's goroutine, for up to 5 s.
+	exists := func() bool {
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			ch, err := direct.Channel()
+			if err != nil {
+				return false
+			}
+			_, err = ch.QueueDeclarePassive(q, false, false, false, false, nil) // a 404 closes ch
+			if err == nil {
+				ch.Close()
+				return true
+			}
+		}
+		return false
+	}
+	saw := make(chan bool, 1)
+	hooks := &testHooks{
+		intercepts: func(*Channel, *wire.BasicPublish) bool { return true },
+		publish: func(p *Publish) {
+			saw <- exists()
+			p.Relay()
+		},
+	}
+	p := startProxy(t, Config{Interceptor: hooks})
+	c := rawDial(t, p.addr)
+	c.open(rawLogin{})
+	c.send(1, &wire.ChannelOpen{})
+	c.expect(1, wire.IDChannelOpenOk)
+	var one []byte
+	for _, f := range []wire.Frame{
+		{Type: wire.FrameMethod, Channel: 1, Payload: wire.AppendMethod(nil, &wire.QueueDeclare{Queue: q, NoWait: true})},
+		{Type: wire.FrameMethod, Channel: 1, Payload: wire.AppendMethod(nil, &wire.BasicPublish{RoutingKey: q})},
+		{Type: wire.FrameHeader, Channel: 1, Payload: wire.AppendContentHeader(nil, wire.ContentHeader{ClassID: 60, BodySize: 2})},
+		{Type: wire.FrameBody, Channel: 1, Payload: []byte("hi")},
+	} {
+		one = wire.AppendFrame(one, f)
+	}
+	c.raw(one)
+	if !<-saw {
+		t.Fatal("the hook never saw the queue declared in the same write")
+	}
+}

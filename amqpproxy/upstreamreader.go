@@ -15,7 +15,11 @@ func (s *session) upstreamLoop() {
 			s.upstreamReadFailed(err)
 			return
 		}
-		if !s.fromUpstream(f) {
+		ok := s.fromUpstream(f)
+		if !s.ur.HasFrame() {
+			s.cw.q.wake() // the frames of this read leave in one write
+		}
+		if !ok {
 			return
 		}
 	}
@@ -237,6 +241,7 @@ func (s *session) upstreamReply(ch *Channel, id wire.MethodID, f wire.Frame) boo
 		return true
 	}
 	r.Method = m
+	s.cw.q.wake() // a hook may wait for what was relayed before
 	p.onReply(r)
 	return true
 }

@@ -53,12 +53,20 @@ func (it *outItem) size() int {
 // (back-pressure: the reader that relays them stops reading its socket);
 // frames the proxy makes itself never wait, so goroutines outside the
 // session (an interceptor's store) are never blocked by a slow peer.
+//
+// The reader that relays into the queue adds its frames quietly
+// (pushQuiet) and wakes the writer (wake) once per socket read, so the
+// frames of one read leave in one write; every other push wakes it at
+// once.
 type outQueue struct {
-	mu      sync.Mutex // guards items, bytes, closed
-	items   []outItem
-	bytes   int
-	limit   int
-	closed  bool
+	mu     sync.Mutex // guards items, bytes, closed, quiet
+	items  []outItem
+	bytes  int
+	limit  int
+	closed bool
+	// quiet: items were added without waking the writer since it last
+	// took the queue.
+	quiet   bool
 	notFull sync.Cond     // on mu: bytes fell below limit, or closed
 	ready   chan struct{} // capacity 1: items were added, or closed
 }
@@ -76,36 +84,63 @@ func (q *outQueue) signal() {
 	}
 }
 
-// push appends it, waiting while the queue holds limit bytes or more. It
-// reports false when the queue is closed.
-func (q *outQueue) push(it outItem) bool {
+// push appends it and wakes the writer, waiting while the queue holds
+// limit bytes or more. It reports false when the queue is closed.
+func (q *outQueue) push(it outItem) bool { return q.pushWhenRoom(it, true) }
+
+// pushQuiet is push without waking the writer, for the reader that relays
+// into the queue: it calls wake once it has no whole frame left to read
+// and before it calls out of the session (a hook), which may wait for
+// what it queued. Waiting for room wakes the writer first.
+func (q *outQueue) pushQuiet(it outItem) bool { return q.pushWhenRoom(it, false) }
+
+func (q *outQueue) pushWhenRoom(it outItem, wake bool) bool {
 	q.mu.Lock()
 	for q.bytes >= q.limit && !q.closed {
+		q.wakeLocked()
 		q.notFull.Wait()
 	}
-	ok := q.add(it)
+	ok := q.add(it, wake)
 	q.mu.Unlock()
 	return ok
 }
 
-// pushNow appends it without waiting for room.
+// pushNow appends it without waiting for room, and wakes the writer.
 func (q *outQueue) pushNow(it outItem) bool {
 	q.mu.Lock()
-	ok := q.add(it)
+	ok := q.add(it, true)
 	q.mu.Unlock()
 	return ok
 }
 
-func (q *outQueue) add(it outItem) bool {
+func (q *outQueue) add(it outItem, wake bool) bool {
 	if q.closed {
 		return false
 	}
 	q.items = append(q.items, it)
 	q.bytes += it.size()
-	if len(q.items) == 1 {
+	switch {
+	case !wake:
+		q.quiet = true
+	case len(q.items) == 1 || q.quiet:
+		q.quiet = false
 		q.signal()
 	}
 	return true
+}
+
+// wake wakes the writer for what was pushed quietly.
+func (q *outQueue) wake() {
+	q.mu.Lock()
+	q.wakeLocked()
+	q.mu.Unlock()
+}
+
+func (q *outQueue) wakeLocked() {
+	if q.quiet {
+		q.quiet = false
+		q.signal()
+	}
 }
 
 // take moves every queued item to dst (which it returns) and reports
@@ -115,6 +150,7 @@ func (q *outQueue) take(dst []outItem) ([]outItem, bool) {
 	dst = append(dst, q.items...)
 	clear(q.items)
 	q.items = q.items[:0]
+	q.quiet = false
 	if q.bytes >= q.limit {
 		q.notFull.Broadcast()
 	}

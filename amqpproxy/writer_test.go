@@ -217,6 +217,62 @@ func TestOutQueueBackPressure(t *testing.T) {
 	}
 }
 
+// TestOutQueueWakes: frames pushed quietly wake the writer only with wake,
+// a later push, or a push that waits for room; every other push wakes it
+// at once, and only the first of a batch sends a signal.
+func TestOutQueueWakes(t *testing.T) {
+	item := outItem{buf: make([]byte, 60)}
+	tests := []struct {
+		name  string
+		steps func(q *outQueue)
+		woken bool
+	}{
+		{"push", func(q *outQueue) { q.push(item) }, true},
+		{"pushNow", func(q *outQueue) { q.pushNow(item) }, true},
+		{"pushQuiet", func(q *outQueue) { q.pushQuiet(item) }, false},
+		{"pushQuiet twice", func(q *outQueue) { q.pushQuiet(item); q.pushQuiet(item) }, false},
+		{"pushQuiet, wake", func(q *outQueue) { q.pushQuiet(item); q.wake() }, true},
+		{"pushQuiet, pushNow", func(q *outQueue) { q.pushQuiet(item); q.pushNow(item) }, true},
+		{"wake on an empty queue", func(q *outQueue) { q.wake() }, false},
+		{"pushQuiet, take, wake", func(q *outQueue) { q.pushQuiet(item); q.take(nil); q.wake() }, false},
+		{"push, signal taken, push", func(q *outQueue) { q.push(item); <-q.ready; q.push(item) }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q := newOutQueue(1 << 20)
+			tt.steps(q)
+			select {
+			case <-q.ready:
+				if !tt.woken {
+					t.Fatal("the writer was woken")
+				}
+			default:
+				if tt.woken {
+					t.Fatal("the writer was not woken")
+				}
+			}
+		})
+	}
+	t.Run("pushQuiet waiting for room", func(t *testing.T) {
+		q := newOutQueue(100)
+		q.pushQuiet(item)
+		q.pushQuiet(item) // 120 bytes: over the limit now
+		pushed := make(chan bool)
+		go func() { pushed <- q.pushQuiet(item) }()
+		select {
+		case <-q.ready: // the writer takes the queue, which makes room
+		case <-time.After(5 * time.Second):
+			t.Fatal("a push waiting for room did not wake the writer")
+		}
+		if items, _ := q.take(nil); len(items) != 2 {
+			t.Fatalf("took %d items, want 2", len(items))
+		}
+		if !<-pushed {
+			t.Fatal("push failed after room was made")
+		}
+	})
+}
+
 // TestInterceptConfirmsDuringDeliveries: local confirms for taken-over
 // publishes must not land inside deliveries relayed on the same channel
 // (large bodies split at frame_max 4096).

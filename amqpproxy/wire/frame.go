@@ -70,6 +70,17 @@ const (
 // SetMaxFrame changes the limit, for example once tune-ok has been read.
 func (r *Reader) SetMaxFrame(n uint32) { r.maxFrame = n }
 
+// HasFrame reports whether a whole frame is buffered, so that the next
+// ReadFrame returns without reading the socket.
+func (r *Reader) HasFrame() bool {
+	n := r.r.Buffered()
+	if n < FrameHeaderSize {
+		return false
+	}
+	hdr, _ := r.r.Peek(FrameHeaderSize)
+	return uint64(n) >= uint64(binary.BigEndian.Uint32(hdr[3:7]))+FrameOverhead
+}
+
 // Buffered is the bufio.Reader underneath, for the protocol header.
 func (r *Reader) Buffered() *bufio.Reader { return r.r }
 

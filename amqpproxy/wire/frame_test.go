@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"runtime"
+	"slices"
 	"testing"
 )
 
@@ -67,6 +68,37 @@ func TestReadFrameStream(t *testing.T) {
 	}
 	if err := w.Flush(); err != nil || !bytes.Equal(buf.Bytes(), stream) {
 		t.Fatalf("Writer output differs from AppendFrame: %v", err)
+	}
+}
+
+// TestReaderHasFrame: after a frame is read, HasFrame says whether the
+// bytes already buffered hold the whole next one.
+func TestReaderHasFrame(t *testing.T) {
+	first := AppendFrame(nil, Frame{Type: FrameMethod, Channel: 1, Payload: []byte{0, 60, 0, 80, 0, 0, 0, 0, 0, 0, 0, 1, 0}})
+	next := AppendFrame(nil, Frame{Type: FrameBody, Channel: 1, Payload: []byte("abc")})
+	tests := []struct {
+		name string
+		rest []byte
+		want bool
+	}{
+		{"nothing", nil, false},
+		{"part of a header", next[:3], false},
+		{"a header", next[:FrameHeaderSize], false},
+		{"all but the frame-end", next[:len(next)-1], false},
+		{"a whole frame", next, true},
+		{"a whole heartbeat", AppendFrame(nil, Frame{Type: FrameHeartbeat}), true},
+		{"a whole frame and more", append(slices.Clone(next), next[:5]...), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewReader(bytes.NewReader(append(slices.Clone(first), tt.rest...)), 0)
+			if _, err := r.ReadFrame(); err != nil {
+				t.Fatal(err)
+			}
+			if got := r.HasFrame(); got != tt.want {
+				t.Fatalf("HasFrame = %v, want %v", got, tt.want)
+			}
+		})
 	}
 }
 
