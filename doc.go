@@ -36,5 +36,7 @@
 //  6. Restart is instant: opening a store with millions of pending messages
 //     does not scan them all.
 //  7. Frames that are not intercepted pass unchanged; field tables that are
-//     not interpreted are forwarded as raw bytes.
+//     not interpreted are forwarded as raw bytes. One exception, which
+//     RabbitMQ settles alike: a consumer's acks written together may leave
+//     as the last of them with multiple set (package amqpproxy, ackFloor).
 package delayproxy

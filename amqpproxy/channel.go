@@ -48,6 +48,8 @@ type Channel struct {
 	taken     int
 	heldClose []byte
 
+	// acks follows deliveries and their settlements, for folding acks.
+	acks ackFloor
 	// in is the client publish in progress; client reader only.
 	in contentIn
 	// up is the upstream content in progress; upstream reader only.

@@ -185,6 +185,14 @@ func (s *session) clientMethod(ch *Channel, f wire.Frame) bool {
 		ch.mu.Lock()
 		ch.tx = true
 		ch.mu.Unlock()
+		ch.acks.stop()
+	case wire.IDBasicAck, wire.IDBasicNack, wire.IDBasicReject:
+		if ch.acks.settle(id, f.Payload) {
+			return s.uw.q.pushQuiet(outItem{kind: itemRelay, ch: ch, foldable: true,
+				buf: s.cArena.frame(wire.FrameMethod, ch.id, f.Payload)})
+		}
+	case wire.IDBasicConsume, wire.IDBasicGet, wire.IDBasicRecover, wire.IDBasicRecoverAsync:
+		ch.acks.method(id, f.Payload)
 	}
 	if s.hooks != nil {
 		return s.clientMethodHooked(ch, id, f)

@@ -17,6 +17,12 @@
 //     act on (channel lifecycle, confirm and tx select, basic.ack/nack from
 //     RabbitMQ, and the methods an Interceptor asks for). Client
 //     properties, tables and content headers go through byte for byte.
+//   - The exception: consumer acks that leave in one write, each settling
+//     the lowest unsettled delivery of its channel, go upstream as the
+//     last of them with multiple set (ackfold.go), which settles the same
+//     deliveries with one message to the queue. Whatever ackFloor cannot
+//     follow (no-ack consumers, tx, recover, tags it has not relayed)
+//     stops the folding on that channel; RabbitMQ refuses what it would.
 //   - Clients are greeted with RabbitMQ's own connection.start: the proxy
 //     dials RabbitMQ on the client's protocol header, and passes on its
 //     server properties byte for byte with one key added ("delayproxy" =>

@@ -78,6 +78,9 @@ type Metrics interface {
 	// Relayed counts frames and bytes relayed from the client to RabbitMQ
 	// (toUpstream) or back.
 	Relayed(toUpstream bool, frames, bytes int)
+	// AcksFolded counts consumer acks sent to RabbitMQ inside the next
+	// ack on the same channel (multiple set) instead of on their own.
+	AcksFolded(n int)
 	// PublishTooLarge: a publish the Interceptor claimed was refused for a
 	// body above MaxMessageSize.
 	PublishTooLarge()
@@ -89,6 +92,7 @@ func (noMetrics) ConnOpened()            {}
 func (noMetrics) ConnClosed()            {}
 func (noMetrics) ChannelsOpened(int)     {}
 func (noMetrics) Relayed(bool, int, int) {}
+func (noMetrics) AcksFolded(int)         {}
 func (noMetrics) PublishTooLarge()       {}
 
 // Server accepts AMQP 0-9-1 clients and relays each one to its own

@@ -134,6 +134,8 @@ func (s *session) fromUpstream(f wire.Frame) bool {
 		return s.relayDown(f, ch)
 	case wire.IDChannelOpenOk:
 		return s.relayDown(f, ch)
+	case wire.IDBasicDeliver, wire.IDBasicGetOk:
+		ch.acks.delivery(id, f.Payload)
 	}
 	if s.hooks != nil && st == chOpen {
 		if _, ok := wire.RequestOf(id); ok {

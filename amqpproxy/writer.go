@@ -38,6 +38,9 @@ type outItem struct {
 	kind     itemKind
 	multiple bool // itemConfirm
 	nack     bool // itemConfirm, itemLocalConfirm
+	// foldable: itemRelay, a client's basic.ack of the lowest unsettled
+	// delivery on its channel (see ackFloor); upstream writer only.
+	foldable bool
 }
 
 // size is what an item counts against its queue's limit: its frame, or
@@ -201,6 +204,7 @@ type writer struct {
 	keepOpen func() bool
 
 	frames, bytes int // relayed since the last flush
+	folded        int // acks folded since the last flush
 
 	wrote bool     // something was written since the last heartbeat tick
 	tags  []uint64 // scratch for confirm translation
@@ -256,6 +260,11 @@ func (w *writer) run() {
 			var closed bool
 			batch, closed = w.q.take(batch[:0])
 			for i := range batch {
+				if i+1 < len(batch) && foldAck(&batch[i], &batch[i+1]) {
+					w.folded++
+					batch[i] = outItem{}
+					continue
+				}
 				if err := w.write(&batch[i]); err != nil {
 					w.failed(err)
 					return
@@ -271,9 +280,12 @@ func (w *writer) run() {
 				return
 			}
 			w.w.Release() // an idle connection holds no write buffer
-			if w.frames > 0 && w.metrics != nil {
+			if w.frames+w.folded > 0 && w.metrics != nil {
 				w.metrics.Relayed(!w.toClient, w.frames, w.bytes)
-				w.frames, w.bytes = 0, 0
+				if w.folded > 0 {
+					w.metrics.AcksFolded(w.folded)
+				}
+				w.frames, w.bytes, w.folded = 0, 0, 0
 			}
 			if closed {
 				clean = true

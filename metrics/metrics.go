@@ -95,8 +95,9 @@ type Metrics struct {
 	connOpened  prometheus.Counter
 	connClosed  prometheus.Counter
 
-	frames [numDirections]prometheus.Counter
-	bytes  [numDirections]prometheus.Counter
+	frames     [numDirections]prometheus.Counter
+	bytes      [numDirections]prometheus.Counter
+	acksFolded prometheus.Counter
 
 	stored     prometheus.Counter
 	released   prometheus.Counter
@@ -156,6 +157,9 @@ func New() *Metrics {
 		m.bytes[d] = bytes.WithLabelValues(d.String())
 	}
 
+	m.acksFolded = counter("acks_folded_total",
+		"Consumer acks sent to RabbitMQ inside the next ack on the same channel (multiple set), not on their own.")
+
 	m.stored = counter("messages_stored_total", "Delayed messages stored durably (fsync'd) and confirmed to the publisher.")
 	m.released = counter("messages_released_total", "Delayed messages published to RabbitMQ and confirmed by it.")
 	m.cancelled = counter("messages_cancelled_total", "Delayed messages cancelled through the admin API.")
@@ -187,7 +191,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.clientConns, m.channels, m.connOpened, m.connClosed,
-		frames, bytes,
+		frames, bytes, m.acksFolded,
 		m.stored, m.released, m.cancelled, m.discarded, m.unroutable, refused,
 		m.lateness, m.commitTime, m.commitBatch,
 		m.upstreamReconnects, m.role, m.roleChanges,
@@ -247,6 +251,13 @@ func (m *Metrics) Relayed(toUpstream bool, frames, bytes int) {
 	}
 	m.frames[d].Add(float64(frames))
 	m.bytes[d].Add(float64(bytes))
+}
+
+// AcksFolded records n consumer acks folded into the ack after them.
+func (m *Metrics) AcksFolded(n int) {
+	if m != nil {
+		m.acksFolded.Add(float64(n))
+	}
 }
 
 // Stored records n messages stored and confirmed.

@@ -29,6 +29,8 @@ func touch(m *Metrics) {
 	m.Relayed(true, 2, 100)
 	m.Relayed(false, 5, 4000)
 	m.Relayed(true, 1, 8)
+	m.AcksFolded(6)
+	m.AcksFolded(3)
 	m.Stored(7)
 	m.Released(4)
 	m.Cancelled(1)
@@ -61,6 +63,7 @@ func TestValues(t *testing.T) {
 		{"bytes c2u", testutil.ToFloat64(m.bytes[ClientToUpstream]), 108},
 		{"frames u2c", testutil.ToFloat64(m.frames[UpstreamToClient]), 5},
 		{"bytes u2c", testutil.ToFloat64(m.bytes[UpstreamToClient]), 4000},
+		{"acks folded", testutil.ToFloat64(m.acksFolded), 9},
 		{"stored", testutil.ToFloat64(m.stored), 7},
 		{"released", testutil.ToFloat64(m.released), 4},
 		{"cancelled", testutil.ToFloat64(m.cancelled), 1},
@@ -245,7 +248,7 @@ func TestHandlerServesNames(t *testing.T) {
 		"delayproxy_client_connections", "delayproxy_channels",
 		"delayproxy_connections_opened_total", "delayproxy_connections_closed_total",
 		"delayproxy_relayed_frames_total", "delayproxy_relayed_bytes_total",
-		"delayproxy_messages_stored_total", "delayproxy_messages_released_total",
+		"delayproxy_acks_folded_total", "delayproxy_messages_stored_total", "delayproxy_messages_released_total",
 		"delayproxy_messages_cancelled_total", "delayproxy_messages_discarded_total",
 		"delayproxy_messages_unroutable_total", "delayproxy_messages_refused_total",
 		"delayproxy_release_lateness_seconds_bucket", "delayproxy_store_commit_duration_seconds_bucket",
