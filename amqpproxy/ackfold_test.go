@@ -3,6 +3,7 @@ package amqpproxy
 import (
 	"encoding/binary"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -386,4 +387,85 @@ func consumeAndSettle(t *testing.T, addr, q string, n int, noAck, tx bool, settl
 	c.send(0, &wire.ConnectionClose{ReplyCode: wire.ReplySuccess})
 	c.expect(0, wire.IDConnectionCloseOk)
 	return errText
+}
+
+// TestAckFoldConcurrentAcks consumes through the proxy with four
+// goroutines settling deliveries in whatever order they get them, one in
+// twenty a nack that requeues (redelivered under a new tag): every message
+// is acked once, the channel stays open, and nothing is left unsettled,
+// which a fold that settled a delivery the client had not would break (a
+// message never redelivered, or one settled twice: 406).
+func TestAckFoldConcurrentAcks(t *testing.T) {
+	t.Parallel()
+	const n = 3000
+	testbroker.Each(t, func(t *testing.T, b testbroker.Broker) {
+		folds := &foldCount{}
+		p := startProxyOn(t, b, Config{Metrics: folds})
+		q := b.DeclareQueue(t, false, nil)
+		testbroker.WithChannel(t, b.URL, func(ch *amqp.Channel) error {
+			for i := range n {
+				if err := ch.Publish("", q, false, false, amqp.Publishing{MessageId: fmt.Sprint(i)}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		ch := testbroker.Channel(t, p.dial(t, amqp.Config{}))
+		closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+		if err := ch.Qos(200, 0, false); err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := ch.Consume(q, "fold", false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acked := make(chan string, n)
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Go(func() {
+				for k := 0; ; k++ {
+					d, ok := <-msgs
+					if !ok {
+						return
+					}
+					if (k+w)%20 == 0 {
+						if err := d.Nack(false, true); err != nil {
+							return
+						}
+						continue
+					}
+					if d.Ack(false) != nil {
+						return
+					}
+					acked <- d.MessageId
+				}
+			})
+		}
+		seen := map[string]bool{}
+		timeout := time.After(30 * time.Second)
+		for len(seen) < n {
+			select {
+			case id := <-acked:
+				if seen[id] {
+					t.Fatalf("message %s acked twice", id)
+				}
+				seen[id] = true
+			case e := <-closed:
+				t.Fatalf("channel closed after %d acks: %v", len(seen), e)
+			case <-timeout:
+				t.Fatalf("%d of %d messages acked", len(seen), n)
+			}
+		}
+		if err := ch.Cancel("fold", false); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		if err := ch.Close(); err != nil {
+			t.Fatalf("channel.close: %v", err)
+		}
+		if left := queueLength(t, b, q); left != 0 {
+			t.Fatalf("%d messages back in the queue after every one was acked", left)
+		}
+		t.Logf("%d acks folded", folds.n.Load())
+	})
 }
