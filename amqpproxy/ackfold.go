@@ -31,9 +31,9 @@ type ackFloor struct {
 
 	// The fields below belong to the client reader.
 
-	// low is the lowest delivery tag not known settled (0: 1).
-	low uint64
-	// ahead marks tags above low, up to low+ackAhead-1, settled out of
+	// floor is the highest tag up to which every delivery is settled.
+	floor uint64
+	// ahead marks tags from floor+2 to floor+ackAhead settled out of
 	// order: bit t%ackAhead for tag t.
 	ahead   [ackAhead / 64]uint64
 	stopped bool
@@ -72,9 +72,6 @@ func (a *ackFloor) settle(id wire.MethodID, payload []byte) bool {
 	if a.stopped || len(payload) != ackPayloadSize {
 		return false
 	}
-	if a.low == 0 {
-		a.low = 1
-	}
 	tag := binary.BigEndian.Uint64(payload[4:12])
 	multiple := id != wire.IDBasicReject && payload[12]&1 != 0
 	if tag > a.delivered.Load() || (multiple && tag == 0) {
@@ -86,11 +83,11 @@ func (a *ackFloor) settle(id wire.MethodID, payload []byte) bool {
 	switch {
 	case multiple:
 		a.settleTo(tag)
-	case tag == a.low:
+	case tag == a.floor+1:
 		a.settleTo(tag)
 		return id == wire.IDBasicAck
-	case tag > a.low:
-		if tag-a.low >= ackAhead {
+	case tag > a.floor+1:
+		if tag-a.floor > ackAhead {
 			a.stop()
 			return false
 		}
@@ -99,20 +96,23 @@ func (a *ackFloor) settle(id wire.MethodID, payload []byte) bool {
 	return false
 }
 
-// settleTo marks every tag up to tag settled, then moves low past the
-// tags settled ahead of it.
+// settleTo marks every tag up to tag settled, then raises the floor past
+// the tags settled ahead of it.
 func (a *ackFloor) settleTo(tag uint64) {
-	for ; a.low <= tag; a.low++ {
-		if tag-a.low >= ackAhead {
-			a.ahead = [ackAhead / 64]uint64{}
-			a.low = tag + 1
-			break
+	switch {
+	case tag <= a.floor:
+	case tag-a.floor >= ackAhead: // every tag marked ahead is below it
+		a.ahead = [ackAhead / 64]uint64{}
+		a.floor = tag
+	default:
+		for a.floor < tag {
+			a.floor++
+			a.ahead[a.floor%ackAhead/64] &^= 1 << (a.floor % 64)
 		}
-		a.ahead[a.low%ackAhead/64] &^= 1 << (a.low % 64)
 	}
-	for a.ahead[a.low%ackAhead/64]&(1<<(a.low%64)) != 0 {
-		a.ahead[a.low%ackAhead/64] &^= 1 << (a.low % 64)
-		a.low++
+	for next := a.floor + 1; a.ahead[next%ackAhead/64]&(1<<(next%64)) != 0; next++ {
+		a.ahead[next%ackAhead/64] &^= 1 << (next % 64)
+		a.floor = next
 	}
 }
 

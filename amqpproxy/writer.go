@@ -280,7 +280,8 @@ func (w *writer) run() {
 				return
 			}
 			w.w.Release() // an idle connection holds no write buffer
-			if w.frames+w.folded > 0 && w.metrics != nil {
+			// A fold writes its last ack, so folded > 0 only with frames.
+			if w.frames > 0 && w.metrics != nil {
 				w.metrics.Relayed(!w.toClient, w.frames, w.bytes)
 				if w.folded > 0 {
 					w.metrics.AcksFolded(w.folded)
