@@ -290,12 +290,12 @@ func TestAckFoldWithRabbitMQ(t *testing.T) {
 						}
 						return nil
 					})
-					testwait.Until(t, 10*time.Second, fmt.Sprintf("%d messages in %s", n, q), func() bool { return queueLength(t, b, q) == n })
+					testwait.Until(t, 10*time.Second, fmt.Sprintf("%d messages in %s", n, q), func() bool { return b.QueueDepth(t, q) == n })
 					if got := consumeAndSettle(t, via.addr, q, n, tt.noAck, tt.tx, tt.settle); got != tt.errText {
 						t.Errorf("%s: channel closed with %q, want %q", via.name, got, tt.errText)
 					}
 					testwait.Until(t, 10*time.Second, fmt.Sprintf("%s: %d messages left in %s", via.name, tt.left, q),
-						func() bool { return queueLength(t, b, q) == tt.left })
+						func() bool { return b.QueueDepth(t, q) == tt.left })
 				}
 				// The writer counts its folds after the write that
 				// RabbitMQ may have answered already.
@@ -304,17 +304,6 @@ func TestAckFoldWithRabbitMQ(t *testing.T) {
 			})
 		}
 	})
-}
-
-// queueLength is the number of messages ready in q on b.
-func queueLength(t testing.TB, b testbroker.Broker, q string) int {
-	var n int
-	testbroker.WithChannel(t, b.URL, func(ch *amqp.Channel) error {
-		st, err := ch.QueueDeclarePassive(q, false, false, false, false, nil)
-		n = st.Messages
-		return err
-	})
-	return n
 }
 
 // consumeAndSettle consumes n deliveries from q on a raw connection to
@@ -463,7 +452,7 @@ func TestAckFoldConcurrentAcks(t *testing.T) {
 		if err := ch.Close(); err != nil {
 			t.Fatalf("channel.close: %v", err)
 		}
-		if left := queueLength(t, b, q); left != 0 {
+		if left := b.QueueDepth(t, q); left != 0 {
 			t.Fatalf("%d messages back in the queue after every one was acked", left)
 		}
 		t.Logf("%d acks folded", folds.n.Load())

@@ -71,17 +71,5 @@ func drainOn(t testing.TB, b testbroker.Broker, queue string) []amqp.Delivery {
 // queueDepth is the number of ready messages in queue.
 func queueDepth(t testing.TB, queue string) int {
 	t.Helper()
-	return queueDepthOn(t, testbroker.Default(t), queue)
-}
-
-// queueDepthOn is queueDepth on broker b.
-func queueDepthOn(t testing.TB, b testbroker.Broker, queue string) int {
-	t.Helper()
-	ch := testbroker.Channel(t, testbroker.Dial(t, b.URL))
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		t.Fatalf("passive declare %s: %v", queue, err)
-	}
-	return q.Messages
+	return testbroker.Default(t).QueueDepth(t, queue)
 }

@@ -224,7 +224,7 @@ func TestExchangeDelete_DiscardsPending(t *testing.T) {
 		if all := append(messageIDs(got), messageIDs(cons.snapshot()[len(got):])...); !slices.Equal(all, []string{"new"}) {
 			t.Fatalf("arrived %v, want only [new]", all)
 		}
-		if n := queueDepthOn(t, b, q); n != 0 {
+		if n := b.QueueDepth(t, q); n != 0 {
 			t.Fatalf("%d more messages in the queue", n)
 		}
 		// The scheduler has met the stale messages by now (they were due before

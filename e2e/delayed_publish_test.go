@@ -203,7 +203,7 @@ func TestXDelay_BeyondUint32IsHeld(t *testing.T) {
 		if n := tp.pending(t, ex); n != 0 {
 			t.Fatalf("pending after cancel = %d", n)
 		}
-		if n := queueDepthOn(t, b, q); n != 0 {
+		if n := b.QueueDepth(t, q); n != 0 {
 			t.Fatalf("a held message reached the queue (%d)", n)
 		}
 	})
@@ -278,7 +278,7 @@ func TestTx_StoredAtCommit(t *testing.T) {
 		if n := tp.pending(t, ex); n != 0 {
 			t.Fatalf("pending before commit = %d", n)
 		}
-		if n := queueDepthOn(t, b, q) + len(cons.snapshot()); n != 0 {
+		if n := b.QueueDepth(t, q) + len(cons.snapshot()); n != 0 {
 			t.Fatalf("an uncommitted publish reached the queue")
 		}
 		if err := ch.TxCommit(); err != nil {
@@ -303,7 +303,7 @@ func TestTx_StoredAtCommit(t *testing.T) {
 			t.Errorf("committed message arrived early")
 		}
 		testwait.Until(t, 10*time.Second, "pending to drop to 0", func() bool { return tp.pending(t, ex) == 0 })
-		if n := queueDepthOn(t, b, q) + len(cons.snapshot()); n != 3 {
+		if n := b.QueueDepth(t, q) + len(cons.snapshot()); n != 3 {
 			t.Fatalf("%d messages reached the queue, want 3 (no rolled-back one)", n)
 		}
 	})

@@ -143,7 +143,7 @@ func TestDelayedExchange_RoutesLikeItsType(t *testing.T) {
 					if gotIDs := messageIDs(got); !slices.Equal(gotIDs, want[q]) {
 						t.Errorf("queue %d (binding %q %v) got %v, want %v", q, tt.bindings[q].key, tt.bindings[q].args, gotIDs, want[q])
 					}
-					if n := queueDepthOn(t, b, queues[q]); n != 0 {
+					if n := b.QueueDepth(t, queues[q]); n != 0 {
 						t.Errorf("queue %d holds %d more", q, n)
 					}
 					for _, a := range got {
@@ -383,7 +383,7 @@ func TestRestart_ExactlyOnce(t *testing.T) {
 				}
 			}
 		}
-		testwait.Until(t, 10*time.Second, "some releases before the stop", func() bool { return queueDepthOn(t, b, q) > 0 })
+		testwait.Until(t, 10*time.Second, "some releases before the stop", func() bool { return b.QueueDepth(t, q) > 0 })
 		before := tp.pending(t, ex)
 		tp.restart()
 		if before == 0 {

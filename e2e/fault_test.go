@@ -72,7 +72,7 @@ func TestFaultBrokerStopDuringRelease(t *testing.T) {
 				t.Fatalf("publish %d: ack=%v err=%v", i, ok, err)
 			}
 		}
-		testwait.Until(t, 20*time.Second, "releases to begin", func() bool { return queueDepthOn(t, b, q) > 0 })
+		testwait.Until(t, 20*time.Second, "releases to begin", func() bool { return b.QueueDepth(t, q) > 0 })
 		pendingBefore := tp.pending(t, ex)
 		stopBroker(t, b) // takes a few seconds
 		// Releases RabbitMQ confirmed before it stopped leave the store after

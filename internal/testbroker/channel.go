@@ -77,6 +77,21 @@ func (b Broker) DeclareQueue(t testing.TB, durable bool, args amqp.Table) string
 	return name
 }
 
+// QueueDepth is the number of messages ready in queue on the broker.
+func (b Broker) QueueDepth(t testing.TB, queue string) int {
+	t.Helper()
+	var n int
+	WithChannel(t, b.URL, func(ch *amqp.Channel) error {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("passive declare %s: %w", queue, err)
+		}
+		n = q.Messages
+		return nil
+	})
+	return n
+}
+
 // redacted is u without its password, for messages.
 func redacted(u string) string {
 	pu, err := url.Parse(u)
