@@ -91,7 +91,7 @@ func (a *ackFloor) settle(id wire.MethodID, payload []byte) bool {
 			a.stop()
 			return false
 		}
-		a.ahead[tag%ackAhead/64] |= 1 << (tag % 64)
+		a.ahead[tag%ackAhead/64] |= aheadBit(tag)
 	}
 	return false
 }
@@ -107,14 +107,17 @@ func (a *ackFloor) settleTo(tag uint64) {
 	default:
 		for a.floor < tag {
 			a.floor++
-			a.ahead[a.floor%ackAhead/64] &^= 1 << (a.floor % 64)
+			a.ahead[a.floor%ackAhead/64] &^= aheadBit(a.floor)
 		}
 	}
-	for next := a.floor + 1; a.ahead[next%ackAhead/64]&(1<<(next%64)) != 0; next++ {
-		a.ahead[next%ackAhead/64] &^= 1 << (next % 64)
+	for next := a.floor + 1; a.ahead[next%ackAhead/64]&aheadBit(next) != 0; next++ {
+		a.ahead[next%ackAhead/64] &^= aheadBit(next)
 		a.floor = next
 	}
 }
+
+// aheadBit is tag's bit in its word of ahead, a.ahead[tag%ackAhead/64].
+func aheadBit(tag uint64) uint64 { return 1 << (tag % 64) }
 
 // method takes a client method that may change how deliveries are
 // settled: basic.consume and basic.get (without acks?), basic.recover.
