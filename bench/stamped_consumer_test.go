@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/binary"
+	"io"
 	"net"
 	"net/url"
 	"strconv"
@@ -19,9 +20,9 @@ import (
 
 // arrival is one delivery to the lateness benchmarks' consumer: the number
 // its publisher gave it, when its last byte reached the consumer's socket
-// (the kernel's receive time) and when the
-// consumer's goroutine read it. Both are wall-clock readings, without the
-// monotonic one (see benchLateness).
+// (the kernel's receive time) and when the consumer's goroutine read it.
+// Both are wall-clock readings, without the monotonic one (see
+// benchLateness).
 type arrival struct {
 	id         int
 	at, readAt time.Time
@@ -35,11 +36,11 @@ type stampedRead struct {
 }
 
 // stampedConn is the consumer's socket, read with the kernel's receive
-// time of each read. Reads take at most stampedReadMax
-// bytes, about one delivery of the lateness benchmarks, so that a read
-// seldom takes segments that arrived apart: the kernel stamps a read with
-// the last segment it took, and a message in an earlier one would read
-// later than it arrived.
+// time of each read. Reads take at most stampedReadMax bytes, about one
+// delivery of the lateness benchmarks, so that a read seldom takes
+// segments that arrived apart: the kernel stamps a read with the last
+// segment it took, and a message in an earlier one would read later than
+// it arrived.
 type stampedConn struct {
 	rc    syscall.RawConn
 	oob   []byte
@@ -64,7 +65,7 @@ func (c *stampedConn) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	if n == 0 {
-		return 0, net.ErrClosed
+		return 0, io.EOF
 	}
 	c.n += int64(n)
 	c.reads = append(c.reads, stampedRead{c.n, at})
@@ -146,11 +147,13 @@ func consumeStamped(b testing.TB, amqpURL, queue string, arrivals chan<- arrival
 			case wire.FrameHeader:
 				h, err := wire.DecodeContentHeader(f.Payload)
 				if err != nil {
-					panic(err)
+					b.Error(err)
+					return
 				}
 				p, err := wire.DecodeProperties(h.Properties)
 				if err != nil {
-					panic(err)
+					b.Error(err)
+					return
 				}
 				if p.MessageID != "" {
 					id, _ = strconv.Atoi(p.MessageID)
@@ -186,20 +189,19 @@ func enableStamps(fd int) ([]byte, error) {
 // the time now when there is none.
 func recvStamped(fd int, p, oob []byte) (int, time.Time, error) {
 	n, oobn, _, _, err := unix.Recvmsg(fd, p, oob, 0)
-	at := time.Now()
 	if err != nil {
-		return 0, at, err
+		return 0, time.Time{}, err
 	}
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	if err != nil {
-		return 0, at, err
+		return 0, time.Time{}, err
 	}
 	for _, m := range msgs {
 		if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SCM_TIMESTAMPNS && len(m.Data) >= 16 {
-			at = time.Unix(int64(binary.NativeEndian.Uint64(m.Data)), int64(binary.NativeEndian.Uint64(m.Data[8:])))
+			return n, time.Unix(int64(binary.NativeEndian.Uint64(m.Data)), int64(binary.NativeEndian.Uint64(m.Data[8:]))), nil
 		}
 	}
-	return n, at, nil
+	return n, time.Now(), nil
 }
 
 func TestStampAt(t *testing.T) {
