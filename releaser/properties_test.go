@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
-	"net/url"
 	"reflect"
 	"testing"
 	"time"
@@ -66,25 +65,11 @@ func entry(name string, typ byte, val []byte) []byte {
 // returns its properties and body exactly as RabbitMQ delivered them.
 func getRaw(t *testing.T, queue string) (props, body []byte) {
 	t.Helper()
-	u, err := url.Parse(testbroker.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := rawamqp.Dial(testbroker.Addr(t, u.String()), 5*time.Second)
+	c, err := rawamqp.DialURL(testbroker.URL(t), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	pass, _ := u.User.Password()
-	if err := c.Open(rawamqp.Login{User: u.User.Username(), Pass: pass}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Send(1, &wire.ChannelOpen{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Expect(1, wire.IDChannelOpenOk); err != nil {
-		t.Fatal(err)
-	}
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if err := c.Send(1, &wire.BasicGet{Queue: queue, NoAck: true}); err != nil {
 			t.Fatal(err)

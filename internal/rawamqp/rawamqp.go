@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/delayproxy/delayproxy/amqpproxy/wire"
+	"github.com/delayproxy/delayproxy/internal/amqpurl"
 )
 
 // Conn is one raw client connection.
@@ -167,4 +168,30 @@ func (c *Conn) CloseReply() (*wire.ConnectionClose, error) {
 			return cm, c.Send(0, &wire.ConnectionCloseOk{})
 		}
 	}
+}
+
+// DialURL connects to the amqp:// URL rawURL, logs in with its user and
+// password (guest/guest where it names none) on vhost "/", and opens
+// channel 1.
+func DialURL(rawURL string, timeout time.Duration) (*Conn, error) {
+	e, err := amqpurl.Parse(rawURL, nil)
+	if err != nil {
+		return nil, err
+	}
+	c, err := Dial(e.HostPort, timeout)
+	if err != nil {
+		return nil, err
+	}
+	err = c.Open(Login{User: e.User, Pass: e.Password})
+	if err == nil {
+		err = c.Send(1, &wire.ChannelOpen{})
+	}
+	if err == nil {
+		_, err = c.Expect(1, wire.IDChannelOpenOk)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
 }
