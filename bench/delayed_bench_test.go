@@ -88,7 +88,7 @@ type confirmedPublisher struct {
 	ch       *amqp.Channel
 	confirms chan amqp.Confirmation
 	window   int
-	pace     time.Duration // publishN's least time between publishes; 0: none
+	pace     time.Duration // least time between publishes; 0: none
 }
 
 func newConfirmedPublisher(b *testing.B, u string, window int) *confirmedPublisher {
@@ -142,9 +142,7 @@ func (p *confirmedPublisher) publishN(b *testing.B, exchange, key string, n int,
 		if unconfirmed == p.window {
 			wait()
 		}
-		if p.pace > 0 {
-			time.Sleep(time.Until(start.Add(time.Duration(i) * p.pace)))
-		}
+		p.waitTurn(start, i)
 		if err := p.ch.PublishWithContext(context.Background(), exchange, key, false, false, msg(i)); err != nil {
 			b.Error(err)
 			return
@@ -156,8 +154,16 @@ func (p *confirmedPublisher) publishN(b *testing.B, exchange, key string, n int,
 	}
 }
 
-// publishUntil publishes msg, keeping the window full, until stop is
-// closed, and returns how many were confirmed once all are.
+// waitTurn waits, with a pace, until message i's turn: i paces after start.
+func (p *confirmedPublisher) waitTurn(start time.Time, i int) {
+	if p.pace > 0 {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * p.pace)))
+	}
+}
+
+// publishUntil publishes msg, keeping the window full (and, with a pace,
+// one message per pace at most), until stop is closed, and returns how
+// many were confirmed once all are.
 func (p *confirmedPublisher) publishUntil(b *testing.B, stop <-chan struct{}, exchange, key string, msg amqp.Publishing) int {
 	unconfirmed, confirmed := 0, 0
 	wait := func() {
@@ -167,7 +173,8 @@ func (p *confirmedPublisher) publishUntil(b *testing.B, stop <-chan struct{}, ex
 		unconfirmed--
 		confirmed++
 	}
-	for {
+	start := time.Now()
+	for i := 0; ; i++ {
 		select {
 		case <-stop:
 			for unconfirmed > 0 {
@@ -179,6 +186,7 @@ func (p *confirmedPublisher) publishUntil(b *testing.B, stop <-chan struct{}, ex
 		if unconfirmed == p.window {
 			wait()
 		}
+		p.waitTurn(start, i)
 		if err := p.ch.PublishWithContext(context.Background(), exchange, key, false, false, msg); err != nil {
 			b.Error(err)
 			return confirmed
@@ -331,8 +339,12 @@ func BenchmarkRelease_Lateness10k(b *testing.B) {
 // floor while the same publisher runs flat out into a proxy that releases
 // nothing (so its intake is never narrowed): what this machine and broker
 // give a perfect scheduler under that load, beside its intake rate.
+// proxy-intake-10k is proxy with the intake publisher paced at the release
+// rate, 10,000 msgs/s, so that intake stays under what fills the two cores:
+// the target at an intake the machine has room for.
 func BenchmarkRelease_LatenessUnderIntake(b *testing.B) {
 	b.Run("proxy", func(b *testing.B) { benchLateness(b, latenessProxyUnderIntake) })
+	b.Run("proxy-intake-10k", func(b *testing.B) { benchLateness(b, latenessProxyUnderPacedIntake) })
 	b.Run("proxy-releases-first-off", func(b *testing.B) { benchLateness(b, latenessProxyUnderIntakeUngated) })
 	b.Run("paced-confirmed-ms", func(b *testing.B) { benchLateness(b, latenessPacedConfirmedMs) })
 	b.Run("paced-confirmed-ms-under-intake", func(b *testing.B) { benchLateness(b, latenessPacedConfirmedMsUnderIntake) })
@@ -351,6 +363,9 @@ const (
 	// latenessProxyUnderIntakeUngated is latenessProxyUnderIntake with
 	// releases first off.
 	latenessProxyUnderIntakeUngated
+	// latenessProxyUnderPacedIntake is latenessProxyUnderIntake with the
+	// intake publisher paced at perSec, the release rate.
+	latenessProxyUnderPacedIntake
 	// latenessProxyDeliveryTime is latenessProxy with half the messages
 	// (every other one of the shuffled order) published to the default
 	// exchange with x-opt-delivery-time = due(k) rounded up to the
@@ -385,7 +400,7 @@ const (
 
 func benchLateness(b *testing.B, mode int) {
 	mixed := mode == latenessProxyDeliveryTime
-	proxyUnderIntake := mode == latenessProxyUnderIntake || mode == latenessProxyUnderIntakeUngated
+	proxyUnderIntake := mode == latenessProxyUnderIntake || mode == latenessProxyUnderIntakeUngated || mode == latenessProxyUnderPacedIntake
 	noMessageID := mode == latenessProxyNoMessageID
 	viaProxy := mode == latenessProxy || noMessageID || proxyUnderIntake || mixed || mode == latenessCluster
 	const (
@@ -418,6 +433,9 @@ func benchLateness(b *testing.B, mode int) {
 		pubs = newConfirmedPublishers(b, proxied, publishers, window)
 		if proxyUnderIntake {
 			intake = newConfirmedPublisher(b, proxied, 1024)
+			if mode == latenessProxyUnderPacedIntake {
+				intake.pace = time.Second / perSec
+			}
 		}
 	} else if mode == latenessTTL {
 		wait, err := admin.QueueDeclare(fmt.Sprintf("dp-bench.wait.%d", time.Now().UnixNano()), true, false, false, false,
