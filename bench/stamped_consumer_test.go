@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -96,7 +97,8 @@ func consumeStamped(b testing.TB, amqpURL, queue string, arrivals chan<- arrival
 		b.Fatal(err)
 	}
 	done := make(chan struct{})
-	b.Cleanup(func() { close(done); c.Close() })
+	var reader sync.WaitGroup // the goroutine reading deliveries
+	b.Cleanup(func() { close(done); c.Close(); reader.Wait() })
 	rc, err := c.C.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		b.Fatal(err)
@@ -118,7 +120,7 @@ func consumeStamped(b testing.TB, amqpURL, queue string, arrivals chan<- arrival
 		b.Fatal("frames buffered past basic.consume-ok")
 	}
 	r := wire.NewReader(sock, 1<<20)
-	go func() {
+	reader.Go(func() {
 		var id int
 		var left uint64 // body bytes still to come
 		for {
@@ -158,7 +160,7 @@ func consumeStamped(b testing.TB, amqpURL, queue string, arrivals chan<- arrival
 				}
 			}
 		}
-	}()
+	})
 }
 
 // enableStamps turns on SO_TIMESTAMPNS on the socket fd and returns a
