@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/url"
 	"testing"
 	"time"
 
@@ -36,14 +35,8 @@ func rawDial(t testing.TB, addr string) *rawClient {
 
 // brokerAddr is the test broker's host:port.
 func brokerAddr(t testing.TB) string {
-	u, err := url.Parse(testbroker.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u.Port() == "" {
-		return u.Hostname() + ":5672"
-	}
-	return u.Host
+	t.Helper()
+	return testbroker.Addr(t, testbroker.URL(t))
 }
 
 func (c *rawClient) raw(b []byte) {
