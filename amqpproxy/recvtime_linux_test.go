@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -33,7 +34,44 @@ func loopbackPair(t *testing.T) (accepted net.Conn, rt recvTimer, dialed net.Con
 	if rt == nil {
 		t.Fatal("withRecvTime gave no receive times on a TCP connection")
 	}
+	if err := holdStamps(); err != nil {
+		t.Fatal(err)
+	}
+	awaitStamps(t, accepted, rt, dialed)
 	return accepted, rt, dialed
+}
+
+// holdStamps keeps receive times on for the whole host while the tests
+// run, with a socket that asks for them and is never closed. The kernel
+// turns them on when the first socket asks (net_enable_timestamp) and off
+// when the last one closes, each in deferred work: without a socket that
+// stays, a close by one of the parallel tests here can turn them off
+// under a connection that already saw its bytes stamped.
+var holdStamps = sync.OnceValue(func() error {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	return syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1)
+})
+
+// awaitStamps sends a byte over the pair and reads it until it comes
+// stamped: the kernel turns receive times on in deferred work.
+func awaitStamps(t *testing.T, c net.Conn, rt recvTimer, peer net.Conn) {
+	t.Helper()
+	buf := make([]byte, 1)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if _, err := peer.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+		if !rt.lastRecv().IsZero() {
+			return
+		}
+	}
+	t.Fatal("no receive time on a TCP connection in 5 s")
 }
 
 // TestRecvTimeIsWhenTheBytesArrived: bytes that wait in the socket are
